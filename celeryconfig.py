@@ -1,0 +1,36 @@
+"""Celery settings for clusterenv; every value can be overridden from the environment.
+
+Workers on any machine read the broker from CLUSTERENV_REDIS_URL:
+    CLUSTERENV_REDIS_URL=redis://HOST:6379/0 celery -A tasks worker --loglevel=INFO
+"""
+
+import os
+
+broker_url = os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Results travel in task events (Flower shows them); nothing waits on a result backend.
+task_ignore_result = True
+
+# JSON only: no pickle on the wire, ever.
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+event_serializer = "json"
+
+# A killed worker's chunk goes back to the queue; the learner's chunk-id ledger makes that harmless.
+task_acks_late = True
+task_reject_on_worker_lost = True
+worker_prefetch_multiplier = 1
+
+# Chunks take well under a second; an unacked chunk is redelivered after this many seconds,
+# not after the Redis transport's default hour.
+_visibility = int(os.environ.get("CLUSTERENV_VISIBILITY_TIMEOUT", "60"))
+broker_transport_options = {"visibility_timeout": _visibility}
+broker_connection_retry_on_startup = True
+
+# Flower lists chunks from task events.
+worker_send_task_events = True
+task_send_sent_event = True
+task_track_started = True
+
+worker_hijack_root_logger = False
+worker_concurrency = int(os.environ.get("CLUSTERENV_WORKER_CONCURRENCY", "0")) or None

@@ -1,0 +1,1 @@
+"""Algorithms and their state: replay, DQN, rate limiter, evaluation, checkpoints."""

@@ -1,0 +1,1 @@
+"""Everything between workers and learner: codec, keys, weights, stream, dispatch, embedded stack, CLI."""

@@ -1,0 +1,96 @@
+"""Worker-side actor: a vector env kept alive across chunks, stepped into valid transitions.
+
+Gymnasium 1.x vector envs autoreset in NEXT_STEP mode: the step after an episode ends returns the
+reset observation and ignores the action. That step is not a transition and is dropped here;
+the done step itself carries the true final observation as `next_obs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+# Transition arrays of a chunk, in this order on the wire.
+TRANSITION_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "env_index")
+
+
+def env_seeds(run_seed: int, actor_index: int, num_envs: int) -> list[int]:
+    """Distinct, reproducible seeds for the envs of one actor of a run."""
+    base = run_seed * 1_000_003 + actor_index * num_envs
+    return [base + i for i in range(num_envs)]
+
+
+def make_vector_env(env_id: str, env_kwargs: dict[str, Any], num_envs: int) -> gym.vector.VectorEnv:
+    """SyncVectorEnv of `num_envs` copies; NEXT_STEP autoreset (gymnasium's default)."""
+    return gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_id, **env_kwargs) for _ in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+    )
+
+
+@dataclass
+class Chunk:
+    """Transitions of one chunk (time-major, then env) and the episodes it finished."""
+
+    arrays: dict[str, np.ndarray]
+    episodes: list[tuple[float, int]] = field(default_factory=list)
+    env_steps: int = 0
+
+
+class Actor:
+    """Steps a vector env with a given action function; episodes continue across chunks."""
+
+    def __init__(self, envs: gym.vector.VectorEnv, seeds: list[int]):
+        self.envs = envs
+        self.num_envs = envs.num_envs
+        self.obs, _ = envs.reset(seed=seeds)
+        self._autoreset = np.zeros(self.num_envs, dtype=bool)
+        self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
+        self._ep_length = np.zeros(self.num_envs, dtype=np.int64)
+
+    def collect(self, act: Callable[[np.ndarray], np.ndarray], steps: int) -> Chunk:
+        n = self.num_envs
+        obs_buf = np.empty((steps, *self.obs.shape), dtype=self.obs.dtype)
+        next_buf = np.empty_like(obs_buf)
+        act_buf = np.empty((steps, n), dtype=np.int64)
+        rew_buf = np.empty((steps, n), dtype=np.float32)
+        term_buf = np.empty((steps, n), dtype=bool)
+        trunc_buf = np.empty((steps, n), dtype=bool)
+        valid = np.empty((steps, n), dtype=bool)
+        episodes: list[tuple[float, int]] = []
+        obs = self.obs
+        for t in range(steps):
+            actions = act(obs)
+            next_obs, reward, terminated, truncated, _ = self.envs.step(actions)
+            real = ~self._autoreset  # False on the reset step that follows a done
+            obs_buf[t], next_buf[t], act_buf[t] = obs, next_obs, actions
+            rew_buf[t], term_buf[t], trunc_buf[t], valid[t] = reward, terminated, truncated, real
+            self._ep_return += np.where(real, reward, 0.0)
+            self._ep_length += real
+            done = real & (terminated | truncated)
+            for i in np.flatnonzero(done):
+                episodes.append((float(self._ep_return[i]), int(self._ep_length[i])))
+            self._ep_return[done] = 0.0
+            self._ep_length[done] = 0
+            self._autoreset = terminated | truncated
+            obs = next_obs
+        self.obs = obs
+        env_index = np.broadcast_to(np.arange(n, dtype=np.int32), (steps, n))
+        flat = valid.reshape(-1)
+        arrays = {
+            "obs": obs_buf.reshape(steps * n, *obs_buf.shape[2:])[flat],
+            "action": act_buf.reshape(-1)[flat],
+            "reward": rew_buf.reshape(-1)[flat],
+            "next_obs": next_buf.reshape(steps * n, *next_buf.shape[2:])[flat],
+            "terminated": term_buf.reshape(-1)[flat],
+            "truncated": trunc_buf.reshape(-1)[flat],
+            "env_index": env_index.reshape(-1)[flat],
+        }
+        return Chunk(arrays=arrays, episodes=episodes, env_steps=steps * n)
+
+    def close(self) -> None:
+        self.envs.close()

@@ -1,0 +1,139 @@
+"""The one wire codec: transition chunks as raw numpy bytes with a JSON header, weights as safetensors.
+
+A chunk is a Redis Stream entry with two kinds of field:
+  b"header"   JSON: {"v": 1, "run": ..., "chunk": ..., "arrays": {name: {"dtype", "shape"}}, ...}
+  b"a:<name>" the C-contiguous bytes of one array, exactly prod(shape) * itemsize long.
+Nothing is pickled; a decoder trusts no field it has not checked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from pipeline.keys import ARRAY_FIELD_PREFIX, FIELD_HEADER
+
+CODEC_VERSION = 1
+
+# Only plain little-endian numeric dtypes ever travel; anything else is refused.
+ALLOWED_DTYPES = frozenset(
+    {"|b1", "|u1", "|i1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8"}
+)
+
+
+class CodecError(ValueError):
+    """A message that cannot be decoded into what its header promises."""
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """What the learner expects of one array: dtype, and the shape after the leading row axis."""
+
+    dtype: str
+    row_shape: tuple[int, ...]
+
+
+def _dtype_str(array: np.ndarray) -> str:
+    dt = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
+    return dt.str
+
+
+def encode_chunk(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dict[bytes, bytes]:
+    """Fields for XADD: the header (with array dtypes/shapes filled in) and raw array bytes."""
+    fields: dict[bytes, bytes] = {}
+    described: dict[str, dict[str, Any]] = {}
+    for name, array in arrays.items():
+        a = np.ascontiguousarray(array)
+        dtype = _dtype_str(a)
+        if dtype not in ALLOWED_DTYPES:
+            raise CodecError(f"array {name!r}: dtype {a.dtype} cannot travel")
+        described[name] = {"dtype": dtype, "shape": list(a.shape)}
+        fields[ARRAY_FIELD_PREFIX + name.encode()] = a.astype(dtype, copy=False).tobytes()
+    full = {"v": CODEC_VERSION, **header, "arrays": described}
+    fields[FIELD_HEADER] = json.dumps(full, separators=(",", ":")).encode()
+    return fields
+
+
+def decode_header(fields: Mapping[bytes, bytes]) -> dict[str, Any]:
+    """The JSON header of a stream entry, checked for form (not yet for content)."""
+    raw = fields.get(FIELD_HEADER)
+    if raw is None:
+        raise CodecError("missing header field")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CodecError(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise CodecError("header is not a JSON object")
+    if header.get("v") != CODEC_VERSION:
+        raise CodecError(f"codec version {header.get('v')!r}, expected {CODEC_VERSION}")
+    if not isinstance(header.get("arrays"), dict):
+        raise CodecError("header has no 'arrays' table")
+    return header
+
+
+def decode_chunk(
+    fields: Mapping[bytes, bytes], expected: Mapping[str, ArraySpec]
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Header and arrays of one entry; every array must match `expected` and share one row count."""
+    header = decode_header(fields)
+    described = header["arrays"]
+    missing = sorted(set(expected) - set(described))
+    if missing:
+        raise CodecError(f"missing arrays: {', '.join(missing)}")
+    arrays: dict[str, np.ndarray] = {}
+    rows: int | None = None
+    for name, spec in expected.items():
+        desc = described[name]
+        if not isinstance(desc, dict):
+            raise CodecError(f"array {name!r}: description is not an object")
+        dtype, shape = desc.get("dtype"), desc.get("shape")
+        if dtype != spec.dtype:
+            raise CodecError(f"array {name!r}: dtype {dtype!r}, expected {spec.dtype!r}")
+        if (
+            not isinstance(shape, list)
+            or not shape
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
+            raise CodecError(f"array {name!r}: bad shape {shape!r}")
+        if tuple(shape[1:]) != spec.row_shape:
+            raise CodecError(
+                f"array {name!r}: shape {tuple(shape)}, expected (rows, {', '.join(map(str, spec.row_shape))})"
+                if spec.row_shape
+                else f"array {name!r}: shape {tuple(shape)}, expected (rows,)"
+            )
+        if rows is None:
+            rows = shape[0]
+        elif shape[0] != rows:
+            raise CodecError(f"array {name!r}: {shape[0]} rows, others have {rows}")
+        raw = fields.get(ARRAY_FIELD_PREFIX + name.encode())
+        if raw is None:
+            raise CodecError(f"array {name!r}: bytes missing")
+        np_dtype = np.dtype(dtype)
+        want = int(np.prod(shape)) * np_dtype.itemsize
+        if len(raw) != want:
+            raise CodecError(f"array {name!r}: {len(raw)} bytes, header promises {want}")
+        arrays[name] = np.frombuffer(raw, dtype=np_dtype).reshape(shape)
+    return header, arrays
+
+
+def encode_weights(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:
+    """Safetensors bytes of named float arrays."""
+    return st_save(
+        {k: np.ascontiguousarray(v) for k, v in tensors.items()},
+        metadata=dict(metadata) if metadata else None,
+    )
+
+
+def decode_weights(blob: bytes) -> dict[str, np.ndarray]:
+    """Named arrays from safetensors bytes; a damaged blob raises CodecError."""
+    try:
+        return st_load(blob)
+    except Exception as exc:  # safetensors raises its own error types for any damage
+        raise CodecError(f"weights blob is not valid safetensors: {exc}") from None

