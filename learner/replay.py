@@ -1,0 +1,68 @@
+"""A preallocated numpy ring of transitions; inserts and samples are thread-safe."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+
+class ReplayBuffer:
+    """Uniform replay over (obs, action, reward, next_obs, terminated)."""
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype):
+        self.capacity = capacity
+        self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
+        self.next_obs = np.zeros_like(self.obs)
+        self.action = np.zeros(capacity, dtype=np.int64)
+        self.reward = np.zeros(capacity, dtype=np.float32)
+        # Only termination stops bootstrapping; a time-limit truncation still bootstraps.
+        self.terminated = np.zeros(capacity, dtype=np.float32)
+        self.pos = 0
+        self.size = 0
+        self.inserted = 0
+        self._lock = threading.Lock()
+
+    def add(
+        self,
+        obs: np.ndarray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+    ) -> None:
+        n = len(action)
+        if n == 0:
+            return
+        if n > self.capacity:  # only the newest `capacity` rows can survive anyway
+            obs, action, reward = obs[-self.capacity :], action[-self.capacity :], reward[-self.capacity :]
+            next_obs, terminated = next_obs[-self.capacity :], terminated[-self.capacity :]
+            n = self.capacity
+        with self._lock:
+            idx = (self.pos + np.arange(n)) % self.capacity
+            self.obs[idx] = obs
+            self.next_obs[idx] = next_obs
+            self.action[idx] = action
+            self.reward[idx] = reward
+            self.terminated[idx] = terminated
+            self.pos = int((self.pos + n) % self.capacity)
+            self.size = min(self.capacity, self.size + n)
+            self.inserted += n
+
+    def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        with self._lock:
+            idx = rng.integers(self.size, size=batch_size)
+            return {
+                "obs": self.obs[idx],
+                "action": self.action[idx],
+                "reward": self.reward[idx],
+                "next_obs": self.next_obs[idx],
+                "terminated": self.terminated[idx],
+            }
+
+    def recent_obs(self, count: int) -> np.ndarray:
+        """The `count` most recently inserted observations (fewer if replay holds fewer)."""
+        with self._lock:
+            n = min(count, self.size)
+            idx = (self.pos - 1 - np.arange(n)) % self.capacity
+            return self.obs[idx].copy()
