@@ -54,3 +54,14 @@ def workers(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def run_id() -> str:
     """A fresh run id, so every test has its own keys on a shared server."""
     return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def celery_app(redis_url: str):
+    """A client-side Celery app on the test broker (sends tasks by name; never eager)."""
+    from celery import Celery
+
+    app = Celery("clusterenv-tests")
+    app.config_from_object("celeryconfig")
+    app.conf.broker_url = redis_url
+    return app

@@ -1,0 +1,145 @@
+"""Chunks through real Celery workers and a real stream: exact transitions, de-duplication, validation."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from pipeline.actor import env_seeds
+from pipeline.codec import encode_chunk
+from pipeline.connect import connect
+from pipeline.dispatcher import TASK_NAME
+from pipeline.keys import RunKeys
+from pipeline.policy import NumpyMLP
+from pipeline.protocol import ChunkRequest
+from pipeline.stream import TransitionReader, transition_specs
+from pipeline.weights import WeightSource
+
+# A fixed linear policy (push towards the pole's lean; episodes of ~25-50 steps), so ingested data can be replayed locally.
+POLICY = {
+    "layers.0.weight": np.array([[0, 0, -1, 0], [0, 0, 1, 0]], np.float32),
+    "layers.0.bias": np.zeros(2, np.float32),
+}
+ENV_KWARGS = {"max_episode_steps": 40}  # short episodes: both terminations and truncations
+
+
+def reference_rollout(seed: int, steps: int) -> list[tuple]:
+    """One env stepped as a NEXT_STEP vector env column would be, without any vector env."""
+    env = gym.make("CartPole-v1", **ENV_KWARGS)
+    policy = NumpyMLP(POLICY)
+    obs, _ = env.reset(seed=seed)
+    out, resetting = [], False
+    for _ in range(steps):
+        if resetting:  # the vector env's reset step: no transition
+            obs, _ = env.reset()
+            resetting = False
+            continue
+        action = int(policy(obs[None]).argmax(axis=1)[0])
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        out.append((obs, action, reward, next_obs, terminated, truncated))
+        resetting = terminated or truncated
+        obs = next_obs
+    return out
+
+
+def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, timeout_s=30.0):
+    keys = RunKeys(run_id)
+    reader = TransitionReader(
+        connect(_url(client), blocking=True),
+        keys, transition_specs(np.float32, (4,)), num_actions=2,
+    )  # fmt: skip
+    for cid in chunk_ids:
+        req = ChunkRequest(run_id, cid, "CartPole-v1", num_envs, steps, seed=5, epsilon=0.0,
+                           env_kwargs=ENV_KWARGS)  # fmt: skip
+        celery_app.send_task(TASK_NAME, kwargs=req.to_json())
+    got: list[tuple[dict, dict]] = []
+    deadline = time.monotonic() + timeout_s
+    while reader.stats.chunks + reader.stats.duplicates < len(chunk_ids):
+        assert time.monotonic() < deadline, f"only {len(got)} of {len(chunk_ids)} chunks arrived"
+        reader.poll(lambda h, a: got.append((h, {k: v.copy() for k, v in a.items()})))
+    return reader, got
+
+
+def _url(client) -> str:
+    kw = client.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
+
+
+def test_transitions_equal_a_local_rollout_across_chunks_and_episodes(workers, celery_app, client, run_id):
+    WeightSource(client, RunKeys(run_id)).publish(POLICY)
+    num_envs, steps, chunks = 3, 7, 24
+    _, got = collect(celery_app, client, run_id, range(chunks), num_envs, steps)
+    by_actor: dict[int, list] = defaultdict(list)
+    for header, arrays in got:
+        by_actor[header["actor"]].append((header["chunk"], arrays))
+    assert sum(len(v) for v in by_actor.values()) == chunks
+    kinds = set()
+    for actor, parts in by_actor.items():
+        parts.sort(key=lambda p: p[0])  # a worker process runs its chunks in dispatch order
+        seeds = env_seeds(5, actor, num_envs)
+        for i in range(num_envs):
+            rows = [
+                tuple(a[k][j] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated"))
+                for _, a in parts
+                for j in np.flatnonzero(a["env_index"] == i)
+            ]
+            ref = reference_rollout(seeds[i], steps * len(parts))
+            assert len(rows) == len(ref), f"actor {actor} env {i}"
+            for t, (r, e) in enumerate(zip(rows, ref)):
+                assert np.array_equal(r[0], e[0]) and np.array_equal(r[3], e[3]), f"obs at {t}"
+                assert (r[1], float(r[2]), bool(r[4]), bool(r[5])) == (e[1], e[2], e[4], e[5])
+                kinds.add("terminated" if e[4] else "truncated" if e[5] else "mid")
+    assert kinds == {"terminated", "truncated", "mid"}, kinds
+
+
+def test_a_chunk_delivered_twice_is_ingested_once(workers, celery_app, client, run_id):
+    WeightSource(client, RunKeys(run_id)).publish(POLICY)
+    reader, got = collect(celery_app, client, run_id, [0, 0, 1], num_envs=2, steps=5)
+    assert reader.stats.chunks == 2 and reader.stats.duplicates == 1
+    assert sorted(h["chunk"] for h, _ in got) == [0, 1]
+    assert client.xlen(RunKeys(run_id).stream) == 0  # acked and deleted
+
+
+def test_malformed_and_foreign_entries_are_counted_and_skipped(client, run_id):
+    keys = RunKeys(run_id)
+    reader = TransitionReader(connect(_url(client), blocking=True), keys,
+                              transition_specs(np.float32, (4,)), num_actions=2)  # fmt: skip
+    n = 4
+    good = {
+        "obs": np.zeros((n, 4), np.float32), "action": np.ones(n, np.int64),
+        "reward": np.ones(n, np.float32), "next_obs": np.zeros((n, 4), np.float32),
+        "terminated": np.zeros(n, bool), "truncated": np.zeros(n, bool),
+        "env_index": np.zeros(n, np.int32),
+    }  # fmt: skip
+    header = {"run": run_id, "chunk": 0, "worker": "w", "policy_version": 0}
+    bad_action = {**good, "action": np.full(n, 7, np.int64)}
+    nan_obs = {**good, "obs": np.full((n, 4), np.nan, np.float32)}
+    entries = [
+        {b"junk": b"1"},
+        encode_chunk({**header, "run": "someone-else"}, good),
+        encode_chunk({**header, "chunk": 1}, bad_action),
+        encode_chunk({**header, "chunk": 2}, nan_obs),
+        encode_chunk({**header, "chunk": "three"}, good),
+        encode_chunk(header, good),
+    ]
+    for fields in entries:
+        client.xadd(keys.stream, fields)
+    accepted: list[int] = []
+    while reader.stats.chunks + reader.stats.rejected < len(entries):
+        reader.poll(lambda h, a: accepted.append(h["chunk"]))
+    assert accepted == [0]
+    assert reader.stats.rejected == 5
+    reasons = " | ".join(reader.stats.rejected_reasons)
+    for part in ("missing header", "foreign run", "action outside", "non-finite", "'chunk' must be"):
+        assert part in reasons
+
+
+@pytest.mark.parametrize("bad", [{"num_envs": 0}, {"epsilon": 2.0}, {"surprise": 1}])
+def test_bad_chunk_requests_are_refused(bad):
+    data = ChunkRequest("r", 0, "CartPole-v1", 2, 5, 1, 0.1).to_json() | bad
+    with pytest.raises((ValueError, TypeError)):
+        ChunkRequest.from_json(data)
