@@ -20,6 +20,13 @@ from learner.config import TrainConfig
 WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A tasks worker --loglevel=INFO"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag costs one line, not the whole usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 class CliError(Exception):
     """A problem the user can fix; printed as one line, exit code 2."""
 
@@ -57,7 +64,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="clusterenv",
         description="Distributed DQN: envs on Celery workers, transitions via Redis, one learner.",
     )
@@ -72,7 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     add_config_flags(train)
-    train.add_argument("--quiet", action="store_true", help="no progress bar or eval lines")
     report = sub.add_parser("report", help="plots and a table from one or more run directories")
     report.add_argument("run_dirs", nargs="+", type=Path, help="run directories written by train")
     report.add_argument("--out", type=Path, default=Path("report"), help="output folder (default: report)")

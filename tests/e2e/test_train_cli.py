@@ -1,0 +1,178 @@
+"""`clusterenv train` as a user runs it: a real run, clean exits, workers joining mid-run, bad flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from learner.metrics import read_metrics
+from pipeline.embedded import LocalWorkers
+
+CLI = [sys.executable, "-m", "pipeline.cli"]
+
+
+def marked_processes(mark: str) -> list[psutil.Process]:
+    """Live processes whose environment carries `mark` (the CLI's children inherit it)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("CLUSTERENV_TEST_MARK") == mark and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+class Tree:
+    """Every process seen below the CLI while it ran (the server rewrites its environ, so the
+    mark alone would miss it)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.root = psutil.Process(proc.pid)
+        self.seen: dict[int, psutil.Process] = {}
+
+    def look(self) -> None:
+        try:
+            for child in self.root.children(recursive=True):
+                self.seen.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+
+    def names(self) -> list[str]:
+        return [p.name() for p in self.seen.values() if p.is_running()]
+
+    def alive(self) -> list[int]:
+        return [pid for pid, p in self.seen.items() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def wait_watching(proc: subprocess.Popen, tree: Tree, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "run did not finish in time"
+        tree.look()
+        time.sleep(0.2)
+    return proc.stderr.read()
+
+
+def start_cli(args: list[str], mark: str) -> subprocess.Popen:
+    env = {**os.environ, "CLUSTERENV_TEST_MARK": mark}
+    return subprocess.Popen(CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def only_run_dir(parent: Path) -> Path:
+    (run_dir,) = [p for p in parent.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def assert_no_survivors(mark: str, tree: Tree, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (marked_processes(mark) or tree.alive()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = {p.pid for p in marked_processes(mark)} | set(tree.alive())
+    for pid in left:  # never leave them running, even when failing
+        psutil.Process(pid).kill()
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.slow
+def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
+    mark = uuid.uuid4().hex
+    proc = start_cli(
+        ["train", "--total-steps", "4000", "--eval-every", "1500", "--workers", "2",
+         "--run-dir", str(tmp_path)], mark,
+    )  # fmt: skip
+    tree = Tree(proc)
+    err = wait_watching(proc, tree, 240)
+    assert proc.returncode == 0, err
+    run_dir = only_run_dir(tmp_path)
+    for name in ("config.json", "metrics.jsonl", "summary.json", "final.safetensors", "workers.log"):
+        assert (run_dir / name).exists(), name
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= 4000 and summary["updates"] > 0
+    assert summary["policy_versions"] > 3
+    assert summary["sync_total"]["weight_fetches"] > 3  # workers followed the new versions
+    assert len(summary["sync_per_worker"]) == 2
+    assert summary["ingest"]["rejected"] == 0
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert rows and all("eval/return_mean" in r for r in rows)
+    assert len(tree.seen) >= 3  # server and two workers were seen below the CLI
+    assert_no_survivors(mark, tree)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_run_cleanly(tmp_path, sig):
+    mark = uuid.uuid4().hex
+    proc = start_cli(["train", "--total-steps", "1000000", "--workers", "2", "--run-dir", str(tmp_path)], mark)
+    tree = Tree(proc)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("*/metrics.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # metrics.jsonl appears once the stack is up and training began
+    tree.look()
+    assert "valkey-server" in tree.names() and len(tree.alive()) >= 3  # server, two workers
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert_no_survivors(mark, tree)
+
+
+@pytest.mark.slow
+def test_workers_on_a_given_broker_and_one_started_mid_run(redis_url, workers, tmp_path):
+    proc = start_cli(
+        ["train", "--redis-url", redis_url, "--workers", "0", "--total-steps", "20000",
+         "--target-return", "1e9", "--run-dir", str(tmp_path)], uuid.uuid4().hex,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("*/metrics.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    late = LocalWorkers(redis_url, 1, log_path=tmp_path / "late.log")
+    late.start()
+    try:
+        _, err = proc.communicate(timeout=240)
+    finally:
+        late.stop()
+    assert proc.returncode == 0, err
+    summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    names = list(summary["sync_per_worker"])
+    assert any(late.tag in n for n in names), names  # the late worker got chunks
+    assert len(names) == 3
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--env", "NoSuchEnv-v9"], "NoSuchEnv-v9"),
+        (["--total-steps", "-5"], "--total-steps must be positive"),
+        (["--redis-url", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
+        (["--sync", "sometimes"], "unknown sync policy 'sometimes'"),
+        (["--env", "Pendulum-v1"], "Discrete action space"),
+        (["--env-kwargs", "[1]"], "must be a JSON object"),
+    ],
+)
+def test_bad_flags_give_one_line_errors(tmp_path, args, message):
+    out = subprocess.run(CLI + ["train", "--run-dir", str(tmp_path), *args],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) <= 2  # argparse adds a usage line
+
+
+def test_help_explains_every_flag():
+    out = subprocess.run(CLI + ["train", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    from learner.config import TrainConfig
+
+    for name, text in TrainConfig.field_help().items():
+        assert f"--{name.replace('_', '-')}" in out.stdout
+        assert text.split()[0] in out.stdout
