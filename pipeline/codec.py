@@ -9,6 +9,7 @@ Nothing is pickled; a decoder trusts no field it has not checked.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -137,3 +138,89 @@ def decode_weights(blob: bytes) -> dict[str, np.ndarray]:
         return st_load(blob)
     except Exception as exc:  # safetensors raises its own error types for any damage
         raise CodecError(f"weights blob is not valid safetensors: {exc}") from None
+
+
+# --- One-value messages (Redis lists) and JSON trees with arrays, for the remote env ---
+
+_FRAME_LEN = struct.Struct("<I")
+
+
+def pack_message(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> bytes:
+    """One bytes value with what `encode_chunk` writes: u32 header length, header, array bytes."""
+    fields = encode_chunk(header, arrays)
+    head = fields.pop(FIELD_HEADER)
+    return _FRAME_LEN.pack(len(head)) + head + b"".join(fields.values())
+
+
+def unpack_message(blob: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Header and arrays of a packed message; every length and dtype is checked before use."""
+    if len(blob) < _FRAME_LEN.size:
+        raise CodecError(f"message of {len(blob)} bytes has no header length")
+    (head_len,) = _FRAME_LEN.unpack_from(blob)
+    offset = _FRAME_LEN.size + head_len
+    if offset > len(blob):
+        raise CodecError(f"header length {head_len} runs past the {len(blob)}-byte message")
+    header = decode_header({FIELD_HEADER: blob[_FRAME_LEN.size : offset]})
+    view = memoryview(blob)
+    arrays: dict[str, np.ndarray] = {}
+    for name, desc in header["arrays"].items():
+        dtype, shape = (desc.get("dtype"), desc.get("shape")) if isinstance(desc, dict) else (0, 0)
+        if dtype not in ALLOWED_DTYPES:
+            raise CodecError(f"array {name!r}: dtype {dtype!r} cannot travel")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise CodecError(f"array {name!r}: bad shape {shape!r}")
+        np_dtype = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
+        if offset + size > len(blob):
+            raise CodecError(f"array {name!r}: {size} bytes promised, message too short")
+        arrays[name] = np.frombuffer(view[offset : offset + size], dtype=np_dtype).reshape(shape)
+        offset += size
+    if offset != len(blob):
+        raise CodecError(f"{len(blob) - offset} stray bytes after the last array")
+    return header, arrays
+
+
+# Tags of the JSON tree form; a plain dict may not use them as keys.
+_ND, _TUPLE, _REPR = "$nd", "$tuple", "$repr"
+
+
+def encode_tree(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """JSON form of an info/options value; numpy arrays and scalars go into `arrays` (dtype kept).
+
+    Values that are neither JSON, numpy nor dict/list/tuple travel as their repr() string.
+    """
+    if isinstance(obj, np.ndarray | np.generic) and _dtype_str(np.asarray(obj)) in ALLOWED_DTYPES:
+        name = f"t{len(arrays)}"
+        arrays[name] = np.asarray(obj)
+        return {_ND: name, "scalar": isinstance(obj, np.generic)}
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
+        if {_ND, _TUPLE, _REPR} & obj.keys():
+            return {_REPR: repr(obj)}
+        return {k: encode_tree(v, arrays) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [encode_tree(v, arrays) for v in obj]
+    if isinstance(obj, tuple):
+        return {_TUPLE: [encode_tree(v, arrays) for v in obj]}
+    return {_REPR: repr(obj)}
+
+
+def decode_tree(tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    """Inverse of `encode_tree`; arrays come back writable, scalars as numpy scalars."""
+    if isinstance(tree, list):
+        return [decode_tree(v, arrays) for v in tree]
+    if not isinstance(tree, dict):
+        return tree
+    if _ND in tree:
+        if tree[_ND] not in arrays:
+            raise CodecError(f"tree refers to missing array {tree[_ND]!r}")
+        a = arrays[tree[_ND]]
+        return a[()] if tree.get("scalar") else a.copy()
+    if _TUPLE in tree:
+        return tuple(decode_tree(v, arrays) for v in tree[_TUPLE])
+    if _REPR in tree:
+        return tree[_REPR]
+    return {k: decode_tree(v, arrays) for k, v in tree.items()}

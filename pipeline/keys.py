@@ -64,3 +64,47 @@ class RunKeys:
     def stop(self) -> str:
         """Set when the run ends, so workers drop its cached envs and late chunks stop."""
         return f"{self.base}:stopped"
+
+
+# --- Remote Gymnasium env (DETACH mode): shards hosted on workers, stepped over Redis lists ---
+
+
+def remote_env_client(session: str) -> str:
+    """Liveness of one remote vector env's client process (TTL); shards exit when it lapses."""
+    return f"{PREFIX}:renv:{session}:client"
+
+
+def celery_echo(token: str) -> str:
+    """Reply list of one `clusterenv.echo` task (the Celery round trip the benchmark compares)."""
+    return f"{PREFIX}:echo:{token}"
+
+
+@dataclass(frozen=True)
+class ShardKeys:
+    """Keys of one env shard, under `clusterenv:renv:{session}:shard:{shard}:`.
+
+    A re-placed shard gets a new shard number, so a late or zombie shard never shares a list
+    with its replacement.
+    """
+
+    session: str
+    shard: int
+
+    @property
+    def base(self) -> str:
+        return f"{PREFIX}:renv:{self.session}:shard:{self.shard}"
+
+    @property
+    def requests(self) -> str:
+        """List of packed requests, client RPUSH → shard BLPOP."""
+        return f"{self.base}:req"
+
+    @property
+    def replies(self) -> str:
+        """List of packed replies, shard RPUSH → client BLPOP."""
+        return f"{self.base}:rep"
+
+    @property
+    def heartbeat(self) -> str:
+        """Set with a TTL by the shard while it lives; the client deletes it to disown a shard."""
+        return f"{self.base}:hb"

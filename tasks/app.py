@@ -10,7 +10,7 @@ from celery import Celery, bootsteps
 from pipeline.connect import connect
 from pipeline.keys import worker_heartbeat
 
-app = Celery("clusterenv", include=["tasks.collect"])
+app = Celery("clusterenv", include=["tasks.collect", "tasks.env_shard"])
 app.config_from_object("celeryconfig")
 
 HEARTBEAT_EVERY_S = 2.0

@@ -1,0 +1,434 @@
+"""Client side of the remote env: places shards through Celery, talks to them over Redis lists.
+
+Placement goes through Celery (any `celery worker` on the broker can host a shard); step traffic
+goes over one request and one reply list per shard, because a BLPOP round trip is several times
+cheaper than a Celery task round trip (bench/remote_env.py measures both). A shard whose heartbeat
+lapses is declared lost: its envs move to the least-loaded surviving shard (or, with no survivor,
+to a new shard placed through Celery) and report `truncated=True` for that step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from celery import Celery
+
+from pipeline.connect import connect
+from pipeline.embedded import alive_worker_processes
+from pipeline.keys import ShardKeys, remote_env_client
+from pipeline.shard_protocol import ADOPT, CLOSE, RESET, STEP, Message, ShardSpec, pack, unpack
+
+HOST_SHARD_TASK = "clusterenv.host_shard"
+# A waiting BLPOP wakes this often to check the heartbeats of the shards it waits on.
+POLL_S = 0.25
+# With an automatic shard count, shards not started this long after the first are given up.
+PLACEMENT_GRACE_S = 3.0
+
+log = logging.getLogger(__name__)
+
+
+class RemoteEnvError(RuntimeError):
+    """An env raised on its worker (or could not be built there); the remote traceback is kept.
+
+    `errors` lists each failure ({env, where, type, message, traceback}); after a failed
+    `step`, `result` holds the step's 5-tuple with the failed envs reported truncated.
+    """
+
+    def __init__(self, message: str, errors: list[dict[str, Any]], result: Any = None):
+        super().__init__(message)
+        self.errors, self.result = errors, result
+
+
+class PlacementError(RuntimeError):
+    """No worker started a shard in time."""
+
+
+class ShardTimeout(TimeoutError):
+    """A live shard did not answer in time."""
+
+
+@dataclass
+class ShardRef:
+    """The client's view of one placed shard."""
+
+    id: int
+    keys: ShardKeys
+    envs: list[int]
+    worker: str = "no worker yet"
+    seq: int = 0
+
+    def describe(self) -> str:
+        return f"shard {self.id} (envs {self.envs}) on {self.worker}"
+
+
+@dataclass
+class Batch:
+    """One reset/step result over all envs, in column order."""
+
+    obs: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    infos: list[dict[str, Any]]
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+
+
+def celery_client(redis_url: str) -> Celery:
+    """A Celery app that only sends tasks, with the workers' settings and this broker URL."""
+    app = Celery("clusterenv-client", set_as_current=False)
+    app.config_from_object("celeryconfig")
+    app.conf.broker_url = redis_url
+    return app
+
+
+class _ClientBeat(threading.Thread):
+    """Keeps the client's liveness key alive, so shards of a crashed client free their workers."""
+
+    def __init__(self, client, key: str, ttl_s: float):
+        super().__init__(name="remote-env-client-beat", daemon=True)
+        self.client, self.key, self.ttl_s = client, key, ttl_s
+        self.done = threading.Event()
+
+    def beat(self) -> None:
+        self.client.set(self.key, "1", px=int(self.ttl_s * 1000))
+
+    def run(self) -> None:
+        while not self.done.wait(self.ttl_s / 4):
+            try:
+                self.beat()
+            except Exception as exc:  # the TTL tolerates a few missed beats
+                log.warning("remote env client heartbeat failed: %s", exc)
+
+
+class ShardGroup:
+    """All shards of one remote vector env; each env column always belongs to exactly one shard."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        env_id: str,
+        num_envs: int,
+        env_kwargs: dict[str, Any],
+        shards: int | None,
+        timeout_s: float,
+        placement_timeout_s: float,
+        heartbeat_ttl_s: float,
+        idle_timeout_s: float,
+    ):
+        self.redis_url, self.env_id, self.num_envs = redis_url, env_id, num_envs
+        self.env_kwargs = env_kwargs
+        self.timeout_s, self.placement_timeout_s = timeout_s, placement_timeout_s
+        self.heartbeat_ttl_s, self.idle_timeout_s = heartbeat_ttl_s, idle_timeout_s
+        self.session = uuid.uuid4().hex[:12]
+        self.redis = connect(redis_url, blocking=True)
+        self.celery = celery_client(redis_url)
+        # Unset: one shard per idle worker process (a process hosting a shard stops beating).
+        self.auto_shards = shards is None
+        if shards is None:
+            shards = max(1, min(num_envs, alive_worker_processes(self.redis)))
+        self.num_shards = max(1, min(shards, num_envs))
+        self.live: dict[int, ShardRef] = {}
+        self.retired: list[ShardRef] = []
+        self.next_id = 0
+        self.hello: dict[str, Any] = {}
+        self.obs_shape: tuple[int, ...] = ()
+        self.obs_dtype = np.dtype(np.float32)
+        self.last_obs: np.ndarray | None = None
+        self.beat = _ClientBeat(
+            self.redis, remote_env_client(self.session), max(5.0, 2 * heartbeat_ttl_s)
+        )
+
+    # --- placement ---
+
+    def start(self) -> dict[str, Any]:
+        """Place the shards (contiguous blocks of columns); returns the first shard's hello."""
+        self.beat.beat()
+        self.beat.start()
+        blocks = np.array_split(np.arange(self.num_envs), self.num_shards)
+        unplaced = self._place([b.tolist() for b in blocks], all_required=not self.auto_shards)
+        if unplaced:
+            # Fewer workers took a shard than the heartbeats promised: the started shards
+            # host the rest, so an over-count costs PLACEMENT_GRACE_S, not a failure.
+            log.warning("%d shard(s) found no free worker; hosting envs %s on the others",
+                        len(unplaced), sum(unplaced, []))  # fmt: skip
+            self._rehome(sorted(sum(unplaced, [])))
+        return self.hello
+
+    def _place(self, blocks: list[list[int]], *, all_required: bool = True) -> list[list[int]]:
+        """Send one host_shard task per block and wait for the hellos; returns blocks left over.
+
+        With `all_required=False`, blocks still unstarted PLACEMENT_GRACE_S after the first hello
+        are given up (their tasks are told to close, so a late start exits at once).
+        """
+        new = []
+        for envs in blocks:
+            ref = ShardRef(self.next_id, ShardKeys(self.session, self.next_id), envs)
+            self.next_id += 1
+            spec = ShardSpec(
+                self.session, ref.id, self.env_id, envs, self.env_kwargs,
+                self.heartbeat_ttl_s, self.idle_timeout_s,
+            )  # fmt: skip
+            self.celery.send_task(HOST_SHARD_TASK, kwargs=spec.to_json())
+            self.retired.append(ref)  # until its hello arrives; close() reaches it either way
+            new.append(ref)
+        pending = {ref.keys.replies: ref for ref in new}
+        deadline = time.monotonic() + self.placement_timeout_s
+        first_hello = 0.0
+        while pending:
+            left = deadline - time.monotonic()
+            if not all_required and self.live:
+                left = min(left, first_hello + PLACEMENT_GRACE_S - time.monotonic())
+                if left <= 0:
+                    self._abandon(list(pending.values()))
+                    return [ref.envs for ref in pending.values()]
+            item = self.redis.blpop(list(pending), timeout=min(1.0, max(0.01, left)))
+            if item is None:
+                if left <= 0:
+                    raise PlacementError(self._placement_message(list(pending.values())))
+                continue
+            first_hello = first_hello or time.monotonic()
+            ref = pending.pop(item[0].decode())
+            msg = unpack(item[1])
+            ref.worker = msg.extra.get("worker", "unknown worker")
+            if msg.extra.get("errors"):
+                raise _remote_error(f"could not build {self.env_id!r}", msg.extra["errors"], ref)
+            self.retired.remove(ref)
+            self.live[ref.id] = ref
+            if not self.hello:
+                self.hello = msg.tree
+        return []
+
+    def _abandon(self, refs: list[ShardRef]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for ref in refs:
+            ref.seq += 1
+            pipe.rpush(ref.keys.requests, pack(Message(CLOSE, ref.seq, [])))
+            pipe.expire(ref.keys.requests, 60)
+        pipe.execute()
+
+    def _placement_message(self, refs: list[ShardRef]) -> str:
+        alive = alive_worker_processes(self.redis)
+        envs = sorted(i for r in refs for i in r.envs)
+        return (
+            f"{len(refs)} shard(s) of {self.env_id!r} (envs {envs}) were not started by any worker "
+            f"within {self.placement_timeout_s:.0f} s; {alive} idle worker process(es) on "
+            f"{self.redis_url}. A shard holds one worker process while its env is open: start "
+            f"more workers (`celery -A tasks worker`), close other remote envs, or pass shards=..."
+        )
+
+    def set_obs_space(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.obs_shape, self.obs_dtype = shape, np.dtype(dtype)
+
+    # --- exchanges ---
+
+    def _exchange(self, requests: dict[int, Message]) -> tuple[dict[int, Message], list[ShardRef]]:
+        """Send one request per shard, gather the replies; shards found dead come back as lost."""
+        pipe = self.redis.pipeline(transaction=False)
+        for sid, msg in requests.items():
+            ref = self.live[sid]
+            ref.seq += 1
+            msg.seq = ref.seq
+            pipe.rpush(ref.keys.requests, pack(msg))
+        pipe.execute()
+        pending = {self.live[sid].keys.replies: self.live[sid] for sid in requests}
+        replies: dict[int, Message] = {}
+        lost: list[ShardRef] = []
+        deadline = time.monotonic() + self.timeout_s
+
+        def accept(key: str, blob: bytes) -> None:
+            ref = pending[key]
+            msg = unpack(blob)
+            if msg.seq != ref.seq:
+                return  # the late answer to a request that already timed out
+            if "fatal" in msg.extra:
+                raise RemoteEnvError(f"{ref.describe()}: {msg.extra['fatal']}", [])
+            replies[ref.id] = msg
+            del pending[key]
+
+        while pending:
+            item = self.redis.blpop(list(pending), timeout=POLL_S)
+            if item is None:
+                lost += self._drop_dead(pending)
+                if pending and time.monotonic() > deadline:
+                    names = "; ".join(r.describe() for r in pending.values())
+                    op = next(iter(requests.values())).op
+                    raise ShardTimeout(
+                        f"no answer to {op} within {self.timeout_s:.0f} s from {names}, "
+                        f"though its heartbeat is alive: is an env stuck in {op}()?"
+                    )
+                continue
+            accept(item[0].decode(), item[1])
+            if pending:  # whatever else is ready comes in one round trip
+                keys = list(pending)
+                pipe = self.redis.pipeline(transaction=False)
+                for key in keys:
+                    pipe.lpop(key)
+                for key, blob in zip(keys, pipe.execute(), strict=True):
+                    if blob is not None:
+                        accept(key, blob)
+        return replies, lost
+
+    def _drop_dead(self, pending: dict[str, ShardRef]) -> list[ShardRef]:
+        keys = list(pending)
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(pending[key].keys.heartbeat)
+        dead = []
+        for key, alive in zip(keys, pipe.execute(), strict=True):
+            if not alive:
+                ref = pending.pop(key)
+                log.warning("lost %s: its heartbeat lapsed; re-placing its envs", ref.describe())
+                self.redis.delete(ref.keys.heartbeat)  # disown: a paused shard must not come back
+                del self.live[ref.id]
+                self.retired.append(ref)
+                dead.append(ref)
+        return dead
+
+    def _rehome(self, envs: list[int]) -> list[int]:
+        """Fresh copies of `envs` on survivors, else on a new shard; returns envs lost meanwhile."""
+        if not self.live:
+            self._place([envs])
+            return []
+        load = {sid: len(ref.envs) for sid, ref in self.live.items()}
+        given: dict[int, list[int]] = {sid: [] for sid in self.live}
+        for i in envs:
+            sid = min(load, key=lambda s: (load[s], s))
+            given[sid].append(i)
+            load[sid] += 1
+        requests = {sid: Message(ADOPT, 0, e) for sid, e in given.items() if e}
+        replies, lost = self._exchange(requests)
+        for sid, msg in replies.items():
+            if msg.extra.get("errors"):
+                raise _remote_error("could not rebuild envs", msg.extra["errors"], self.live[sid])
+            self.live[sid].envs = sorted(self.live[sid].envs + given[sid])
+        return sorted(i for ref in lost for i in ref.envs + given[ref.id])
+
+    def _recover(self, lost: list[ShardRef]) -> list[int]:
+        """Re-home the envs of lost shards (and of any shard lost while doing so)."""
+        todo = sorted(i for ref in lost for i in ref.envs)
+        moved: list[int] = []
+        while todo:
+            moved += todo
+            todo = self._rehome(todo)
+        return sorted(set(moved))
+
+    def _empty(self) -> Batch:
+        n = self.num_envs
+        return Batch(
+            obs=np.zeros((n, *self.obs_shape), dtype=self.obs_dtype),
+            rewards=np.zeros(n, dtype=np.float64),
+            terminated=np.zeros(n, dtype=bool),
+            truncated=np.zeros(n, dtype=bool),
+            infos=[{} for _ in range(n)],
+        )
+
+    @staticmethod
+    def _scatter(batch: Batch, msg: Message, ref: ShardRef) -> None:
+        idx = np.asarray(msg.envs, dtype=np.int64)
+        batch.obs[idx] = msg.arrays["obs"]
+        for name, out in (("reward", batch.rewards), ("terminated", batch.terminated)):
+            if name in msg.arrays:
+                out[idx] = msg.arrays[name]
+        if "truncated" in msg.arrays:
+            batch.truncated[idx] = msg.arrays["truncated"]
+        for i, info in zip(msg.envs, msg.tree or [], strict=False):
+            batch.infos[i] = info
+        for err in msg.extra.get("errors", []):
+            batch.errors.append({**err, "worker": ref.worker, "shard": ref.id})
+
+    def reset(self, envs: list[int], seeds: list[int | None], options: Any) -> Batch:
+        """Reset these columns; a shard lost meanwhile has its envs re-placed and reset again."""
+        batch = self._empty()
+        if self.last_obs is not None:
+            batch.obs[:] = self.last_obs
+        seed_of = dict(zip(envs, seeds, strict=True))
+        todo = sorted(envs)
+        while todo:
+            requests = {}
+            for sid, ref in self.live.items():
+                mine = [i for i in ref.envs if i in seed_of and i in todo]
+                if mine:
+                    requests[sid] = Message(
+                        RESET, 0, mine, options, extra={"seeds": [seed_of[i] for i in mine]}
+                    )
+            replies, lost = self._exchange(requests)
+            for sid, msg in replies.items():
+                self._scatter(batch, msg, self.live[sid])
+            moved = self._recover(lost) if lost else []
+            batch.lost += moved
+            # Envs of a lost shard that were not asked to reset still start a fresh episode.
+            todo = moved
+            seed_of.update({i: None for i in moved if i not in seed_of})
+        for i in batch.lost:
+            batch.infos[i] = {**batch.infos[i], "worker_lost": True}
+        self.last_obs = batch.obs.copy()
+        return batch
+
+    def step(self, actions: np.ndarray) -> Batch:
+        """Step every column; the columns of a lost shard report truncated with their last obs."""
+        batch = self._empty()
+        requests = {
+            sid: Message(STEP, 0, ref.envs, arrays={"action": actions[ref.envs]})
+            for sid, ref in self.live.items()
+        }
+        replies, lost = self._exchange(requests)
+        for sid, msg in replies.items():
+            self._scatter(batch, msg, self.live[sid])
+        if lost:
+            lost_envs = set(i for ref in lost for i in ref.envs)
+            moved = self._recover(lost)
+            for i in moved:
+                # NEXT_STEP: this step ends the episode; the fresh copy resets on the next step.
+                if i in lost_envs and self.last_obs is not None:
+                    batch.obs[i] = self.last_obs[i]
+                    batch.rewards[i] = 0.0
+                    batch.terminated[i] = False
+                batch.truncated[i] = True
+                batch.infos[i] = {**batch.infos[i], "worker_lost": True}
+            batch.lost = moved
+        self.last_obs = batch.obs.copy()
+        return batch
+
+    # --- shutdown ---
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Tell every shard ever placed to close, wait briefly for live ones, delete the keys."""
+        self.beat.done.set()
+        if self.beat.is_alive():
+            self.beat.join(timeout=2.0)
+        try:
+            self._abandon([*self.live.values(), *self.retired])
+            # Waiting for the acks means the workers are free again when close() returns.
+            pending = {ref.keys.replies: ref for ref in self.live.values()}
+            deadline = time.monotonic() + wait_s
+            while pending and time.monotonic() < deadline:
+                item = self.redis.blpop(list(pending), timeout=0.2)
+                if item is not None and unpack(item[1]).op == CLOSE:
+                    pending.pop(item[0].decode(), None)
+                elif item is None:
+                    for key, ref in list(pending.items()):
+                        if not self.redis.exists(ref.keys.heartbeat):
+                            pending.pop(key)  # gone already: nothing will answer
+            refs = [*self.live.values(), *self.retired]
+            if refs:
+                self.redis.delete(remote_env_client(self.session), *(r.keys.replies for r in refs))
+        finally:
+            self.live.clear()
+            self.celery.close()
+            self.redis.close()
+
+
+def _remote_error(what: str, errors: list[dict[str, Any]], ref: ShardRef) -> RemoteEnvError:
+    first = errors[0]
+    return RemoteEnvError(
+        f"{what} on {ref.describe()}: env {first['env']} raised in {first['where']}: "
+        f"{first['type']}: {first['message']}\n--- remote traceback ---\n{first['traceback']}",
+        [{**e, "worker": ref.worker, "shard": ref.id} for e in errors],
+    )

@@ -1,0 +1,122 @@
+"""What the remote env's client and its shards say to each other: task args, messages, spaces."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from pipeline.codec import CodecError, decode_tree, encode_tree, pack_message, unpack_message
+
+# Request ops (client → shard); a reply echoes the op and the request's sequence number.
+HELLO, RESET, STEP, ADOPT, CLOSE = "hello", "reset", "step", "adopt", "close"
+OPS = frozenset({HELLO, RESET, STEP, ADOPT, CLOSE})
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """JSON arguments of one `clusterenv.host_shard` task."""
+
+    session: str
+    shard: int
+    env_id: str
+    env_indices: list[int]
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    heartbeat_ttl_s: float = 3.0
+    idle_timeout_s: float = 300.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ShardSpec:
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown shard spec fields: {', '.join(sorted(unknown))}")
+        spec = cls(**data)
+        if not spec.env_indices or spec.heartbeat_ttl_s <= 0 or spec.idle_timeout_s <= 0:
+            raise ValueError(f"bad shard spec: {spec}")
+        return spec
+
+
+@dataclass
+class Message:
+    """A decoded request or reply: header fields, the `tree` payload, and the named arrays."""
+
+    op: str
+    seq: int
+    envs: list[int]
+    tree: Any = None
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def pack(msg: Message) -> bytes:
+    """Bytes for RPUSH; `tree` may hold numpy values, which travel as raw arrays."""
+    tree_arrays: dict[str, np.ndarray] = {}
+    tree = encode_tree(msg.tree, tree_arrays)
+    clash = set(tree_arrays) & set(msg.arrays)
+    if clash:
+        raise CodecError(f"array names used twice: {sorted(clash)}")
+    header = {**msg.extra, "op": msg.op, "seq": msg.seq, "envs": msg.envs, "tree": tree}
+    return pack_message(header, {**msg.arrays, **tree_arrays})
+
+
+def unpack(blob: bytes) -> Message:
+    """A message from BLPOP bytes; malformed input raises CodecError."""
+    header, arrays = unpack_message(blob)
+    op, seq, envs = header.pop("op", None), header.pop("seq", None), header.pop("envs", None)
+    if op not in OPS or not isinstance(seq, int) or not isinstance(envs, list):
+        raise CodecError(f"not a shard message: op={op!r} seq={seq!r}")
+    tree = decode_tree(header.pop("tree", None), arrays)
+    header.pop("v", None)
+    header.pop("arrays", None)
+    return Message(op, seq, envs, tree, arrays, header)
+
+
+# --- Spaces: the client learns them from the shard, so it never needs the simulator itself ---
+
+
+def space_to_tree(space: gym.Space) -> dict[str, Any]:
+    """JSON-tree form of a flat array space; anything else is named so the client can refuse it."""
+    if isinstance(space, gym.spaces.Box):
+        return {"type": "Box", "low": space.low, "high": space.high, "dtype": space.dtype.str}
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "nvec": space.nvec, "start": space.start}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
+    return {"type": "unsupported", "repr": repr(space)}
+
+
+def space_from_tree(tree: Mapping[str, Any]) -> gym.Space:
+    """The space `space_to_tree` described; raises NotImplementedError for unsupported kinds."""
+    kind = tree.get("type")
+    if kind == "Box":
+        return gym.spaces.Box(low=tree["low"], high=tree["high"], dtype=np.dtype(tree["dtype"]))
+    if kind == "Discrete":
+        return gym.spaces.Discrete(tree["n"], start=tree["start"])
+    if kind == "MultiDiscrete":
+        return gym.spaces.MultiDiscrete(tree["nvec"], start=tree["start"])
+    if kind == "MultiBinary":
+        return gym.spaces.MultiBinary(tree["n"])
+    raise NotImplementedError(
+        f"the remote env carries Box, Discrete, MultiDiscrete and MultiBinary spaces, "
+        f"not {tree.get('repr', kind)}"
+    )
+
+
+def jsonable_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The env metadata entries that are plain data (render_fps, render_modes, ...)."""
+    plain = (str, int, float, bool, type(None))
+    out: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if isinstance(value, plain) or (
+            isinstance(value, list | tuple) and all(isinstance(v, plain) for v in value)
+        ):
+            out[str(key)] = list(value) if isinstance(value, tuple) else value
+    return out

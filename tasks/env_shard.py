@@ -1,0 +1,34 @@
+"""`clusterenv.host_shard`: host one remote-env shard for as long as its client wants it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pipeline.connect import connect
+from pipeline.keys import celery_echo
+from pipeline.shard import Shard
+from pipeline.shard_protocol import ShardSpec
+from tasks.app import app
+
+
+# acks_late=False on purpose: the global acks_late=True would leave this hours-long task unacked,
+# and the Redis transport redelivers unacked tasks after visibility_timeout (60 s), which would
+# start a duplicate shard. A worker lost mid-shard is noticed by the client (heartbeat) instead.
+@app.task(bind=True, name="clusterenv.host_shard", acks_late=False)
+def host_shard(self, **spec: Any) -> dict[str, Any]:
+    shard_spec = ShardSpec.from_json(spec)
+    worker = f"{self.request.hostname or 'worker'} pid {os.getpid()}"
+    return Shard(connect(app.conf.broker_url, blocking=True), shard_spec, worker).serve()
+
+
+_echo_client = None
+
+
+@app.task(name="clusterenv.echo", acks_late=False)
+def echo(token: str) -> None:
+    """Push `token` back: the plain Celery round trip that bench/remote_env.py compares with."""
+    global _echo_client
+    if _echo_client is None:
+        _echo_client = connect(app.conf.broker_url)
+    _echo_client.rpush(celery_echo(token), token)
