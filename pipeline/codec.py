@@ -124,7 +124,9 @@ def decode_chunk(
     return header, arrays
 
 
-def encode_weights(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:
+def encode_weights(
+    tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None
+) -> bytes:
     """Safetensors bytes of named float arrays."""
     return st_save(
         {k: np.ascontiguousarray(v) for k, v in tensors.items()},
@@ -193,8 +195,9 @@ def encode_tree(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
     """
     if isinstance(obj, np.ndarray | np.generic) and _dtype_str(np.asarray(obj)) in ALLOWED_DTYPES:
         name = f"t{len(arrays)}"
-        arrays[name] = np.asarray(obj)
-        return {_ND: name, "scalar": isinstance(obj, np.generic)}
+        arrays[name] = a = np.asarray(obj)
+        # The shape rides in the tree too: the chunk encoder turns 0-d arrays into shape (1,).
+        return {_ND: name, "shape": list(a.shape), "scalar": isinstance(obj, np.generic)}
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
     if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
@@ -218,6 +221,10 @@ def decode_tree(tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
         if tree[_ND] not in arrays:
             raise CodecError(f"tree refers to missing array {tree[_ND]!r}")
         a = arrays[tree[_ND]]
+        shape = tree.get("shape")
+        if not isinstance(shape, list) or int(np.prod(shape, dtype=np.int64)) != a.size:
+            raise CodecError(f"tree array {tree[_ND]!r}: shape {shape!r} does not fit {a.shape}")
+        a = a.reshape(shape)
         return a[()] if tree.get("scalar") else a.copy()
     if _TUPLE in tree:
         return tuple(decode_tree(v, arrays) for v in tree[_TUPLE])

@@ -81,9 +81,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self._needs_reset = True
 
     @property
-    def shards(self) -> list[tuple[int, str, list[int]]]:
-        """(shard id, worker, env columns) of each live shard."""
-        return [(r.id, r.worker, list(r.envs)) for r in self._group.live.values()]
+    def shards(self) -> list[dict[str, Any]]:
+        """Each live shard: its id, worker hostname and process id, and its env columns."""
+        live = self._group.live.values() if self._group else []
+        return [
+            {"shard": r.id, "worker": r.worker, "pid": r.pid, "envs": list(r.envs)} for r in live
+        ]
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None

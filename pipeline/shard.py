@@ -165,12 +165,10 @@ class Shard:
             return self.step(msg)
         if msg.op == RESET:
             return self.reset(msg)
-        if msg.op == ADOPT:
-            return Message(ADOPT, msg.seq, msg.envs, extra={"errors": self._make(msg.envs)})
-        return Message(CLOSE, msg.seq, [])
+        return Message(ADOPT, msg.seq, msg.envs, extra={"errors": self._make(msg.envs)})
 
     def hello(self, errors: list[dict[str, Any]]) -> Message:
-        extra: dict[str, Any] = {"worker": self.worker, "errors": errors}
+        extra: dict[str, Any] = {"worker": self.worker, "pid": os.getpid(), "errors": errors}
         tree = None
         if not errors:
             env = next(iter(self.envs.values()))
@@ -188,7 +186,7 @@ class Shard:
         value = json.dumps({"worker": self.worker, "pid": os.getpid()})
         beat = _Heartbeat(self.client, self.spec, value)
         beat.beat(first=True)
-        reason = "closed"
+        reason, closing = "closed", None
         try:
             errors = self._make(self.spec.env_indices)
             self._reply(self.hello(errors))
@@ -212,9 +210,10 @@ class Shard:
                 except CodecError as exc:
                     self._reply(Message(STEP, -1, [], extra={"fatal": f"bad request: {exc}"}))
                     continue
-                self._reply(self.handle(msg))
                 if msg.op == CLOSE:
+                    closing = msg
                     break
+                self._reply(self.handle(msg))
         finally:
             beat.stop()
             for env in self.envs.values():
@@ -223,6 +222,8 @@ class Shard:
                 except Exception as exc:  # closing must go on for the other envs
                     log.warning("env close failed: %s", exc)
             self.client.delete(self.keys.heartbeat, self.keys.requests)
-            if reason != "closed":
+            if closing is not None:  # acked only now, so a closed env has left no key behind
+                self._reply(Message(CLOSE, closing.seq, []))
+            elif reason != "closed":
                 self.client.delete(self.keys.replies)
         return {"shard": self.spec.shard, "steps": self.steps, "exit": reason}

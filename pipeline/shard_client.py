@@ -61,10 +61,11 @@ class ShardRef:
     keys: ShardKeys
     envs: list[int]
     worker: str = "no worker yet"
+    pid: int = 0
     seq: int = 0
 
     def describe(self) -> str:
-        return f"shard {self.id} (envs {self.envs}) on {self.worker}"
+        return f"shard {self.id} (envs {self.envs}) on {self.worker} pid {self.pid}"
 
 
 @dataclass
@@ -196,7 +197,8 @@ class ShardGroup:
             first_hello = first_hello or time.monotonic()
             ref = pending.pop(item[0].decode())
             msg = unpack(item[1])
-            ref.worker = msg.extra.get("worker", "unknown worker")
+            ref.worker = str(msg.extra.get("worker", "unknown worker"))
+            ref.pid = int(msg.extra.get("pid", 0))
             if msg.extra.get("errors"):
                 raise _remote_error(f"could not build {self.env_id!r}", msg.extra["errors"], ref)
             self.retired.remove(ref)
@@ -260,7 +262,7 @@ class ShardGroup:
                     names = "; ".join(r.describe() for r in pending.values())
                     op = next(iter(requests.values())).op
                     raise ShardTimeout(
-                        f"no answer to {op} within {self.timeout_s:.0f} s from {names}, "
+                        f"no answer to {op} within {self.timeout_s:g} s from {names}, "
                         f"though its heartbeat is alive: is an env stuck in {op}()?"
                     )
                 continue
@@ -341,7 +343,7 @@ class ShardGroup:
         for i, info in zip(msg.envs, msg.tree or [], strict=False):
             batch.infos[i] = info
         for err in msg.extra.get("errors", []):
-            batch.errors.append({**err, "worker": ref.worker, "shard": ref.id})
+            batch.errors.append({**err, "worker": f"{ref.worker} pid {ref.pid}", "shard": ref.id})
 
     def reset(self, envs: list[int], seeds: list[int | None], options: Any) -> Batch:
         """Reset these columns; a shard lost meanwhile has its envs re-placed and reset again."""
@@ -430,5 +432,5 @@ def _remote_error(what: str, errors: list[dict[str, Any]], ref: ShardRef) -> Rem
     return RemoteEnvError(
         f"{what} on {ref.describe()}: env {first['env']} raised in {first['where']}: "
         f"{first['type']}: {first['message']}\n--- remote traceback ---\n{first['traceback']}",
-        [{**e, "worker": ref.worker, "shard": ref.id} for e in errors],
+        [{**e, "worker": f"{ref.worker} pid {ref.pid}", "shard": ref.id} for e in errors],
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pipeline.connect import connect
@@ -18,7 +17,7 @@ from tasks.app import app
 @app.task(bind=True, name="clusterenv.host_shard", acks_late=False)
 def host_shard(self, **spec: Any) -> dict[str, Any]:
     shard_spec = ShardSpec.from_json(spec)
-    worker = f"{self.request.hostname or 'worker'} pid {os.getpid()}"
+    worker = self.request.hostname or "worker"
     return Shard(connect(app.conf.broker_url, blocking=True), shard_spec, worker).serve()
 
 

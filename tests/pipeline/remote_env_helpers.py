@@ -1,0 +1,68 @@
+"""Envs the remote-env tests build on workers, by the id "tests.pipeline.remote_env_helpers:NAME".
+
+Workers import this module by that id (gymnasium imports the part before the colon), which works
+because the test workers run from the repository root, as pytest does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+
+class FlakyCartPole(CartPoleEnv):
+    """CartPole that raises once, at step `fail_at` after a reset with seed `fail_seed`."""
+
+    def __init__(self, fail_seed: int = -1, fail_at: int = 3, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.fail_seed, self.fail_at = fail_seed, fail_at
+        self.armed, self.t = False, 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self.armed = seed == self.fail_seed
+        self.t = 0
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.t += 1
+        if self.armed and self.t == self.fail_at:
+            self.armed = False
+            raise RuntimeError(f"boom at step {self.t}")
+        return super().step(action)
+
+
+class TaggedEnv(gym.Env):
+    """Observes [its reset seed, its step count]; sleeps `delay_s` per step when seed < `slow_below`.
+
+    Lets a test see which env answered in which column, and make the first shard the last to answer.
+    """
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(2,), dtype=np.float64)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, slow_below: int = -1, delay_s: float = 0.0):
+        self.slow_below, self.delay_s = slow_below, delay_s
+        self.seed_seen, self.t = -1, 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.seed_seen = seed
+        self.t = 0
+        return np.array([self.seed_seen, 0.0]), {"seed": self.seed_seen}
+
+    def step(self, action):
+        if self.seed_seen < self.slow_below:
+            time.sleep(self.delay_s)
+        self.t += 1
+        obs = np.array([self.seed_seen, float(self.t)])
+        return obs, 1.0, False, self.t >= 5, {"t": np.int64(self.t)}
+
+
+gym.register("RemoteTestFlaky-v0", entry_point=FlakyCartPole, max_episode_steps=500)
+gym.register("RemoteTestTagged-v0", entry_point=TaggedEnv, disable_env_checker=True)
