@@ -1,0 +1,102 @@
+"""Remote-env messages without a server: packed messages, info trees, space descriptions."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import data_equivalence
+
+from pipeline.codec import CodecError, decode_tree, encode_tree, pack_message, unpack_message
+from pipeline.shard_protocol import (
+    STEP,
+    Message,
+    ShardSpec,
+    pack,
+    space_from_tree,
+    space_to_tree,
+    unpack,
+)
+
+
+def test_packed_message_round_trip() -> None:
+    arrays = {
+        "obs": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "done": np.array([1, 0, 1], bool),
+    }
+    header, got = unpack_message(pack_message({"seq": 4}, arrays))
+    assert header["seq"] == 4
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(got[name], a)
+        assert got[name].dtype == a.dtype
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda b: b[:2], "no header length"),
+        (lambda b: b[:-1], "message too short"),
+        (lambda b: b + b"x", "stray bytes"),
+        (lambda b: b"\xff\x00\x00\x00" + b[4:], "runs past"),
+        (lambda b: b.replace(b"<f4", b"|O8"), "cannot travel"),
+    ],
+)
+def test_damaged_messages_are_refused(mutate, match: str) -> None:
+    blob = pack_message({}, {"obs": np.zeros((2, 2), np.float32)})
+    with pytest.raises(CodecError, match=match):
+        unpack_message(mutate(blob))
+
+
+TREES = [
+    ({}, {}),
+    ({"a": 1, "b": 2.5, "c": "x", "d": None, "e": True}, None),
+    ({"t": np.int64(3), "f": np.float32(0.5), "ok": np.bool_(True)}, None),
+    ({"arr": np.arange(6).reshape(2, 3), "zero_d": np.array(2.0)}, None),
+    ({"nested": {"episode": {"r": np.float64(10.0), "l": 10}}}, None),
+    ({"pair": (1, np.int8(2))}, None),
+    ([{"x": 1}, {}], None),
+    ({"obj": object}, {"obj": repr(object)}),
+    ({"odd": {"$nd": 1}}, {"odd": repr({"$nd": 1})}),
+]
+
+
+@pytest.mark.parametrize("value, expected", TREES)
+def test_tree_round_trip_keeps_numpy_types(value, expected) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    tree = encode_tree(value, arrays)
+    _, decoded = unpack_message(pack_message({"tree": tree}, arrays))
+    got = decode_tree(tree, decoded)
+    want = value if expected is None else expected
+    assert data_equivalence(got, want, exact=True)
+
+
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32),
+        gym.spaces.Box(low=np.array([0, -np.inf]), high=np.array([1, np.inf]), dtype=np.float64),
+        gym.spaces.Box(0, 255, shape=(4, 4, 3), dtype=np.uint8),
+        gym.spaces.Discrete(5, start=-2),
+        gym.spaces.MultiDiscrete([3, 4]),
+        gym.spaces.MultiBinary(6),
+    ],
+)
+def test_spaces_travel(space: gym.Space) -> None:
+    arrays: dict[str, np.ndarray] = {}
+    msg = Message(STEP, 1, [0], {"space": space_to_tree(space)}, arrays)
+    assert space_from_tree(unpack(pack(msg)).tree["space"]) == space
+
+
+def test_unsupported_space_is_named() -> None:
+    tree = space_to_tree(gym.spaces.Dict({"a": gym.spaces.Discrete(2)}))
+    with pytest.raises(NotImplementedError, match="Dict"):
+        space_from_tree(tree)
+
+
+def test_shard_spec_checks_its_fields() -> None:
+    spec = ShardSpec("s", 0, "CartPole-v1", [0, 1])
+    assert ShardSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(ValueError, match="unknown"):
+        ShardSpec.from_json({**spec.to_json(), "pickle": True})
+    with pytest.raises(ValueError, match="bad shard spec"):
+        ShardSpec.from_json({**spec.to_json(), "env_indices": []})
