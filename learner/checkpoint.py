@@ -11,7 +11,11 @@ from safetensors.torch import load_file, save_file
 
 
 def save_checkpoint(
-    directory: Path, name: str, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str], keep: int = 3
+    directory: Path,
+    name: str,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, str],
+    keep: int = 3,
 ) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.safetensors"

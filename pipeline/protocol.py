@@ -18,6 +18,8 @@ class ChunkRequest:
     seed: int
     epsilon: float
     sync: str = "on-change"
+    max_lag_versions: int = 0
+    max_lag_s: float = 0.0
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

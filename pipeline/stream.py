@@ -56,7 +56,9 @@ class IngestStats:
     rejected_reasons: dict[str, int] = field(default_factory=dict)
 
 
-def check_content(header: dict[str, Any], arrays: dict[str, np.ndarray], run_id: str, num_actions: int) -> None:
+def check_content(
+    header: dict[str, Any], arrays: dict[str, np.ndarray], run_id: str, num_actions: int
+) -> None:
     """Semantic checks beyond the codec; raises CodecError naming the first problem."""
     if header.get("run") != run_id:
         raise CodecError(f"foreign run {header.get('run')!r}")

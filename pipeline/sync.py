@@ -1,7 +1,8 @@
-"""Sync rules: when a worker's weight client fetches a newer policy version.
+"""Sync rules: when a worker's weight client fetches the full weights of a newer policy version.
 
-A rule sees the client's state (its version, env steps since its last fetch) and the latest
-published version, and answers whether to fetch the full weights now.
+A rule sees the client (its version, steps and seconds since its last fetch, whether its own
+version is still stored, and the divergence to a newer version measured on the learner's probe)
+and answers whether to fetch now. No rule fetches the version it already holds, but `always`.
 """
 
 from __future__ import annotations
@@ -9,18 +10,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from pipeline.divergence import DIVERGENCES
+
 
 class SyncState(Protocol):
     """What a rule may look at on the weight client."""
 
     version: int | None
     steps_since_fetch: int
+    own_version_stored: bool
+
+    def seconds_since_fetch(self) -> float: ...
+
+    def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None: ...
 
 
 class SyncRule(Protocol):
     spec: str
 
-    def should_fetch(self, client: SyncState, latest: int) -> bool: ...
+    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -29,7 +37,7 @@ class Always:
 
     spec: str = "always"
 
-    def should_fetch(self, client: SyncState, latest: int) -> bool:
+    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
         return True
 
 
@@ -39,7 +47,7 @@ class OnChange:
 
     spec: str = "on-change"
 
-    def should_fetch(self, client: SyncState, latest: int) -> bool:
+    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
         return latest != client.version
 
 
@@ -50,23 +58,67 @@ class Interval:
     steps: int
     spec: str = ""
 
-    def should_fetch(self, client: SyncState, latest: int) -> bool:
+    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
         return latest != client.version and client.steps_since_fetch >= self.steps
 
 
-def parse_sync(spec: str) -> SyncRule:
-    """`always`, `on-change` or `interval:N`; a clear ValueError for anything else."""
+@dataclass(frozen=True)
+class Aps:
+    """Adaptive policy sync: fetch when the policy has drifted past `tolerance`.
+
+    Guards fetch regardless of divergence: the worker's own version is no longer stored (so
+    retention bounds staleness), or it lags by `max_lag_versions` versions / `max_lag_s` seconds.
+    """
+
+    tolerance: float
+    divergence: str = "value"
+    max_lag_versions: int = 0
+    max_lag_s: float = 0.0
+    spec: str = ""
+
+    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
+        if latest == client.version:
+            return False
+        assert client.version is not None
+        if not client.own_version_stored:
+            return True
+        if self.max_lag_versions and latest - client.version >= self.max_lag_versions:
+            return True
+        if self.max_lag_s and client.seconds_since_fetch() >= self.max_lag_s:
+            return True
+        d = client.divergence_to(latest, epsilon, self.divergence)
+        return d is None or d > self.tolerance
+
+
+SYNC_HELP = "always | on-change | interval:N (env steps) | aps:TOL[:value|tv|kl]"
+
+
+def parse_sync(spec: str, max_lag_versions: int = 0, max_lag_s: float = 0.0) -> SyncRule:
+    """A rule from its spec string; a ValueError naming the problem for anything else."""
     if spec == "always":
         return Always()
     if spec == "on-change":
         return OnChange()
-    name, _, arg = spec.partition(":")
+    name, _, rest = spec.partition(":")
     if name == "interval":
-        try:
-            steps = int(arg)
-        except ValueError:
-            steps = 0
+        steps = int(rest) if rest.isdigit() else 0
         if steps < 1:
-            raise ValueError(f"sync {spec!r}: interval needs a positive env-step count, e.g. interval:4096")
+            raise ValueError(
+                f"sync {spec!r}: interval needs a positive env-step count, e.g. interval:4096"
+            )
         return Interval(steps=steps, spec=spec)
-    raise ValueError(f"unknown sync policy {spec!r}; choose always, on-change or interval:N")
+    if name == "aps":
+        tol_text, _, measure = rest.partition(":")
+        measure = measure or "value"
+        try:
+            tolerance = float(tol_text)
+        except ValueError:
+            tolerance = -1.0
+        if not tolerance >= 0.0:
+            raise ValueError(f"sync {spec!r}: aps needs a tolerance >= 0, e.g. aps:0.01")
+        if measure not in DIVERGENCES:
+            raise ValueError(
+                f"sync {spec!r}: unknown divergence {measure!r}; choose {', '.join(DIVERGENCES)}"
+            )
+        return Aps(tolerance, measure, max_lag_versions, max_lag_s, spec=spec)
+    raise ValueError(f"unknown sync policy {spec!r}; choose {SYNC_HELP}")

@@ -52,7 +52,9 @@ class WorkerRuntime:
         actor = Actor(make_vector_env(req.env_id, req.env_kwargs, req.num_envs), seeds)
         state = RunState(
             actor=actor,
-            weights=WeightClient(self.client, keys, parse_sync(req.sync)),
+            weights=WeightClient(
+                self.client, keys, parse_sync(req.sync, req.max_lag_versions, req.max_lag_s)
+            ),
             writer=TransitionWriter(self.client, keys),
             actor_index=index,
             rng=np.random.default_rng(seeds[0]),
@@ -72,7 +74,7 @@ class WorkerRuntime:
                 stale.actor.close()
             return {"chunk": req.chunk_id, "skipped": "run stopped"}
         state = self._state(req)
-        policy = state.weights.sync()
+        policy = state.weights.sync(req.epsilon)
         chunk = state.actor.collect(
             lambda obs: epsilon_greedy(policy(obs), req.epsilon, state.rng), req.steps
         )
@@ -84,6 +86,7 @@ class WorkerRuntime:
             "worker": self.worker_name,
             "actor": state.actor_index,
             "policy_version": state.weights.version,
+            "divergence": state.weights.last_divergence,
             "env_steps": chunk.env_steps,
             "episodes": chunk.episodes,
             "sync": state.weights.counters_json(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 
@@ -46,10 +47,8 @@ class Heartbeat(bootsteps.StartStopStep):
         if self.tref is not None:
             self.tref.cancel()
         if self.client is not None:
-            try:
+            with contextlib.suppress(Exception):  # the key expires by itself anyway
                 self.client.delete(self.key)
-            except Exception:
-                pass
 
 
 app.steps["worker"].add(Heartbeat)

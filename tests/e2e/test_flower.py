@@ -50,7 +50,10 @@ def test_flower_shows_chunks(redis_url, workers, celery_app, client, run_id):
                 assert time.monotonic() < deadline, "flower did not come up"
                 time.sleep(0.3)
         time.sleep(1.0)  # let Flower's event receiver attach before the tasks run
-        w = {"layers.0.weight": np.ones((2, 4), np.float32), "layers.0.bias": np.zeros(2, np.float32)}
+        w = {
+            "layers.0.weight": np.ones((2, 4), np.float32),
+            "layers.0.bias": np.zeros(2, np.float32),
+        }
         WeightSource(client, RunKeys(run_id)).publish(w)
         for i in range(3):
             req = ChunkRequest(run_id, i, "CartPole-v1", 2, 5, seed=1, epsilon=0.5)

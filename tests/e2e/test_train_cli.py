@@ -25,7 +25,10 @@ def marked_processes(mark: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("CLUSTERENV_TEST_MARK") == mark and proc.status() != psutil.STATUS_ZOMBIE:
+            if (
+                proc.environ().get("CLUSTERENV_TEST_MARK") == mark
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -51,7 +54,11 @@ class Tree:
         return [p.name() for p in self.seen.values() if p.is_running()]
 
     def alive(self) -> list[int]:
-        return [pid for pid, p in self.seen.items() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        return [
+            pid
+            for pid, p in self.seen.items()
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        ]
 
 
 def wait_watching(proc: subprocess.Popen, tree: Tree, timeout_s: float) -> str:
@@ -65,7 +72,9 @@ def wait_watching(proc: subprocess.Popen, tree: Tree, timeout_s: float) -> str:
 
 def start_cli(args: list[str], mark: str) -> subprocess.Popen:
     env = {**os.environ, "CLUSTERENV_TEST_MARK": mark}
-    return subprocess.Popen(CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        CLI + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def only_run_dir(parent: Path) -> Path:
@@ -94,7 +103,13 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
     err = wait_watching(proc, tree, 240)
     assert proc.returncode == 0, err
     run_dir = only_run_dir(tmp_path)
-    for name in ("config.json", "metrics.jsonl", "summary.json", "final.safetensors", "workers.log"):
+    for name in (
+        "config.json",
+        "metrics.jsonl",
+        "summary.json",
+        "final.safetensors",
+        "workers.log",
+    ):
         assert (run_dir / name).exists(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= 4000 and summary["updates"] > 0
@@ -112,7 +127,9 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_the_run_cleanly(tmp_path, sig):
     mark = uuid.uuid4().hex
-    proc = start_cli(["train", "--total-steps", "1000000", "--workers", "2", "--run-dir", str(tmp_path)], mark)
+    proc = start_cli(
+        ["train", "--total-steps", "1000000", "--workers", "2", "--run-dir", str(tmp_path)], mark
+    )
     tree = Tree(proc)
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("*/metrics.jsonl")) and time.monotonic() < deadline:

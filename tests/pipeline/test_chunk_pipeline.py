@@ -69,7 +69,9 @@ def _url(client) -> str:
     return f"redis://{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
 
 
-def test_transitions_equal_a_local_rollout_across_chunks_and_episodes(workers, celery_app, client, run_id):
+def test_transitions_equal_a_local_rollout_across_chunks_and_episodes(
+    workers, celery_app, client, run_id
+):
     WeightSource(client, RunKeys(run_id)).publish(POLICY)
     num_envs, steps, chunks = 3, 7, 24
     _, got = collect(celery_app, client, run_id, range(chunks), num_envs, steps)
@@ -83,13 +85,16 @@ def test_transitions_equal_a_local_rollout_across_chunks_and_episodes(workers, c
         seeds = env_seeds(5, actor, num_envs)
         for i in range(num_envs):
             rows = [
-                tuple(a[k][j] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated"))
+                tuple(
+                    a[k][j]
+                    for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+                )
                 for _, a in parts
                 for j in np.flatnonzero(a["env_index"] == i)
             ]
             ref = reference_rollout(seeds[i], steps * len(parts))
             assert len(rows) == len(ref), f"actor {actor} env {i}"
-            for t, (r, e) in enumerate(zip(rows, ref)):
+            for t, (r, e) in enumerate(zip(rows, ref, strict=True)):
                 assert np.array_equal(r[0], e[0]) and np.array_equal(r[3], e[3]), f"obs at {t}"
                 assert (r[1], float(r[2]), bool(r[4]), bool(r[5])) == (e[1], e[2], e[4], e[5])
                 kinds.add("terminated" if e[4] else "truncated" if e[5] else "mid")
@@ -134,7 +139,13 @@ def test_malformed_and_foreign_entries_are_counted_and_skipped(client, run_id):
     assert accepted == [0]
     assert reader.stats.rejected == 5
     reasons = " | ".join(reader.stats.rejected_reasons)
-    for part in ("missing header", "foreign run", "action outside", "non-finite", "'chunk' must be"):
+    for part in (
+        "missing header",
+        "foreign run",
+        "action outside",
+        "non-finite",
+        "'chunk' must be",
+    ):
         assert part in reasons
 
 

@@ -14,7 +14,11 @@ from pipeline.codec import (
     encode_weights,
 )
 
-SPECS = {"obs": ArraySpec("<f4", (4,)), "action": ArraySpec("<i8", ()), "done": ArraySpec("|b1", ())}
+SPECS = {
+    "obs": ArraySpec("<f4", (4,)),
+    "action": ArraySpec("<i8", ()),
+    "done": ArraySpec("|b1", ()),
+}
 
 
 def good_arrays(rows: int = 5) -> dict[str, np.ndarray]:
@@ -48,8 +52,16 @@ def _damage_desc(fields, name, **changes):
 
 
 DAMAGE = [
-    ("truncated bytes", lambda f: f.__setitem__(b"a:obs", f[b"a:obs"][:-3]), "bytes, header promises"),
-    ("extra bytes", lambda f: f.__setitem__(b"a:obs", f[b"a:obs"] + b"\0"), "bytes, header promises"),
+    (
+        "truncated bytes",
+        lambda f: f.__setitem__(b"a:obs", f[b"a:obs"][:-3]),
+        "bytes, header promises",
+    ),
+    (
+        "extra bytes",
+        lambda f: f.__setitem__(b"a:obs", f[b"a:obs"] + b"\0"),
+        "bytes, header promises",
+    ),
     ("wrong dtype", lambda f: _damage_desc(f, "obs", dtype="<f8"), "dtype '<f8', expected '<f4'"),
     ("pickle dtype", lambda f: _damage_desc(f, "obs", dtype="|O"), "dtype '|O'"),
     ("wrong row shape", lambda f: _damage_desc(f, "obs", shape=[5, 3]), "shape (5, 3)"),

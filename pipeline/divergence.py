@@ -1,0 +1,56 @@
+"""How far a worker's policy is from the learner's, measured on the same reference states.
+
+Every measure is a mean over reference states, so a tolerance means the same whatever the number
+of envs a worker steps. Policies are the ε-greedy behaviour policies of the Q-values:
+    π(a|s) = ε/|A| + (1−ε)·[a = argmax_a' Q(s,a')]
+- `tv`:    ½ Σ_a |π_L − π_W|. For ε-greedy pairs this is (1−ε) × the rate of greedy-action flips.
+- `kl`:    Σ_a π_L log(π_L / π_W), with ε floored at KL_EPS_FLOOR so it stays finite. With two
+           actions it is, like `tv`, a function of the flip rate alone.
+- `value`: the value lost by acting with the worker's policy, as the learner's own Q sees it,
+           relative to the scale of the learner's values:
+               E_s[Σ_a (π_L − π_W)(a|s) · Q_L(s,a)] / E_s|max_a Q_L(s,a)|
+           A flip on a near-tie state costs almost nothing here; a flip where the learner is sure
+           costs its whole action gap. This is the default for Q-based policies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+KL_EPS_FLOOR = 0.01
+
+
+def behaviour_probs(q: np.ndarray, epsilon: float) -> np.ndarray:
+    """ε-greedy action probabilities for each row of Q-values."""
+    n, a = q.shape
+    probs = np.full((n, a), epsilon / a, dtype=np.float64)
+    probs[np.arange(n), q.argmax(axis=1)] += 1.0 - epsilon
+    return probs
+
+
+def tv(q_learner: np.ndarray, q_worker: np.ndarray, epsilon: float) -> float:
+    diff = behaviour_probs(q_learner, epsilon) - behaviour_probs(q_worker, epsilon)
+    return float(0.5 * np.abs(diff).sum(axis=1).mean())
+
+
+def kl(q_learner: np.ndarray, q_worker: np.ndarray, epsilon: float) -> float:
+    eps = max(epsilon, KL_EPS_FLOOR)
+    p, q = behaviour_probs(q_learner, eps), behaviour_probs(q_worker, eps)
+    return float((p * np.log(p / q)).sum(axis=1).mean())
+
+
+def value(q_learner: np.ndarray, q_worker: np.ndarray, epsilon: float) -> float:
+    q_l = q_learner.astype(np.float64)
+    diff = behaviour_probs(q_l, epsilon) - behaviour_probs(q_worker, epsilon)
+    lost = (diff * q_l).sum(axis=1).mean()
+    scale = np.abs(q_l.max(axis=1)).mean()
+    return float(lost / max(scale, 1e-8))
+
+
+DIVERGENCES: dict[str, Callable[[np.ndarray, np.ndarray, float], float]] = {
+    "value": value,
+    "tv": tv,
+    "kl": kl,
+}
