@@ -49,8 +49,10 @@ def alive_worker_processes(client: redis.Redis) -> int:
 class LocalWorkers:
     """N `celery -A tasks worker --pool solo` processes on this machine."""
 
-    def __init__(self, redis_url: str, count: int, log_path: Path | None = None):
-        self.redis_url, self.count, self.log_path = redis_url, count, log_path
+    def __init__(
+        self, redis_url: str, count: int, log_path: Path | None = None, queue: str | None = None
+    ):
+        self.redis_url, self.count, self.log_path, self.queue = redis_url, count, log_path, queue
         self.procs: list[subprocess.Popen] = []
         self.tag = uuid.uuid4().hex[:6]
 
@@ -70,6 +72,8 @@ class LocalWorkers:
             "--pool", "solo", "--loglevel", "INFO",
             "--hostname", f"local{i}-{self.tag}@%h",
         ]  # fmt: skip
+        if self.queue:
+            cmd += ["--queues", self.queue]
         return subprocess.Popen(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, preexec_fn=_die_with_parent,

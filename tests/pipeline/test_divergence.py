@@ -1,0 +1,51 @@
+"""Divergence measures: pure logic on Q-value arrays, no server."""
+
+import numpy as np
+import pytest
+
+from pipeline.divergence import DIVERGENCES, behaviour_probs, kl, tv, value
+
+RNG = np.random.default_rng(0)
+Q = RNG.normal(size=(256, 3)).astype(np.float32) + 5.0
+
+
+@pytest.mark.parametrize("name", list(DIVERGENCES))
+@pytest.mark.parametrize("eps", [0.0, 0.04, 0.5])
+def test_zero_for_identical_and_positive_after_a_change(name, eps):
+    measure = DIVERGENCES[name]
+    assert measure(Q, Q.copy(), eps) == 0.0
+    changed = Q.copy()
+    changed[:64] = changed[:64, ::-1]  # a quarter of the states change their greedy action
+    assert measure(Q, changed, eps) > 0.0
+
+
+@pytest.mark.parametrize("name", list(DIVERGENCES))
+def test_mean_reduced_per_state(name):
+    other = Q + RNG.normal(scale=1.0, size=Q.shape).astype(np.float32)
+    one = DIVERGENCES[name](Q, other, 0.1)
+    tiled = DIVERGENCES[name](np.tile(Q, (8, 1)), np.tile(other, (8, 1)), 0.1)
+    assert tiled == pytest.approx(one, rel=1e-12)
+
+
+def test_tv_is_the_flip_rate_scaled_by_one_minus_epsilon():
+    other = Q + RNG.normal(scale=1.0, size=Q.shape).astype(np.float32)
+    flips = float((Q.argmax(1) != other.argmax(1)).mean())
+    assert tv(Q, other, 0.2) == pytest.approx(0.8 * flips)
+
+
+def test_value_divergence_ignores_near_ties_that_tv_counts():
+    learner = np.array([[10.0, 10.001], [10.0, 20.0]])
+    tie_flip = np.array([[10.001, 10.0], [10.0, 20.0]])  # flips only the near-tie state
+    sure_flip = np.array([[10.0, 10.001], [20.0, 10.0]])  # flips the state the learner is sure of
+    assert tv(learner, tie_flip, 0.0) == tv(learner, sure_flip, 0.0) == 0.5
+    assert value(learner, tie_flip, 0.0) < 1e-4 < 0.3 < value(learner, sure_flip, 0.0)
+
+
+def test_kl_is_finite_for_greedy_policies():
+    other = Q[:, ::-1].copy()
+    assert np.isfinite(kl(Q, other, 0.0))
+
+
+def test_behaviour_probs_sum_to_one():
+    p = behaviour_probs(Q, 0.3)
+    assert np.allclose(p.sum(1), 1.0) and p.min() == pytest.approx(0.1)

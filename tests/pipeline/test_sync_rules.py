@@ -1,0 +1,169 @@
+"""Sync rules and their accounting against a real server: what is fetched, when, and how many bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.keys import RunKeys
+from pipeline.policy import NumpyMLP
+from pipeline.sync import Aps, parse_sync
+from pipeline.weights import WeightClient, WeightSource
+
+REF = np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32)
+
+
+def net(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "layers.0.weight": rng.normal(size=(16, 4)).astype(np.float32),
+        "layers.0.bias": np.zeros(16, np.float32),
+        "layers.1.weight": rng.normal(size=(2, 16)).astype(np.float32),
+        "layers.1.bias": np.zeros(2, np.float32),
+    }
+
+
+class Learner:
+    """Publishes versions with probes, as learner.trainer does."""
+
+    def __init__(self, client, run_id: str, keep: int = 64):
+        self.source = WeightSource(client, RunKeys(run_id), keep=keep)
+        self.source.publish_reference(REF)
+        self.blobs: dict[int, int] = {}
+
+    def publish(self, weights) -> int:
+        v = self.source.publish(weights, NumpyMLP(weights)(REF))
+        self.blobs[v] = self.source.client.strlen(self.source.keys.weights(v))
+        return v
+
+
+def client_for(client, run_id, spec):
+    return WeightClient(
+        client, RunKeys(run_id), parse_sync(spec) if isinstance(spec, str) else spec
+    )
+
+
+def test_on_change_fetches_each_seen_version_once(client, run_id):
+    learner, wc = Learner(client, run_id), client_for(client, run_id, "on-change")
+    fetched = []
+    for v in range(5):
+        learner.publish(net(v))
+        for _ in range(3):  # several chunks per version: only the first one fetches
+            wc.sync(0.1)
+            if not fetched or fetched[-1] != wc.version:
+                fetched.append(wc.version)
+    assert fetched == [0, 1, 2, 3, 4]
+    assert wc.counters.weight_fetches == 5 and wc.counters.version_checks == 15
+    assert wc.counters.weight_bytes == sum(learner.blobs.values())
+
+
+def test_always_fetches_every_chunk(client, run_id):
+    learner, wc = Learner(client, run_id), client_for(client, run_id, "always")
+    learner.publish(net(0))
+    for _ in range(4):
+        wc.sync(0.1)
+    assert wc.counters.weight_fetches == 4
+    assert wc.counters.weight_bytes == 4 * learner.blobs[0]
+
+
+def test_interval_respects_n(client, run_id):
+    learner, wc = Learner(client, run_id), client_for(client, run_id, "interval:1000")
+    learner.publish(net(0))
+    wc.sync(0.1)
+    for step in range(1, 6):
+        learner.publish(net(step))
+        wc.record_steps(256)
+        wc.sync(0.1)
+        expected_version = 0 if 256 * step < 1000 else 4
+        assert wc.version == expected_version, step
+    assert wc.counters.weight_fetches == 2  # the first, then once 1024 >= 1000 steps had passed
+
+
+def test_aps_skips_identical_weights_and_fetches_a_changed_policy(client, run_id):
+    learner, wc = Learner(client, run_id), client_for(client, run_id, "aps:0.01")
+    learner.publish(net(0))
+    wc.sync(0.0)
+    learner.publish(net(0))  # a new version with the same weights
+    wc.sync(0.0)
+    assert wc.version == 0 and wc.last_divergence == 0.0
+    learner.publish(net(7))
+    wc.sync(0.0)
+    assert wc.version == 2 and wc.last_divergence > 0.01
+    assert wc.counters.weight_fetches == 2
+
+
+def test_aps_tolerance_decides(client, run_id):
+    learner = Learner(client, run_id)
+    learner.publish(net(0))
+    learner.publish(net(3))
+    measured = client_for(client, run_id, "aps:0")
+    measured.version, measured.policy = 0, NumpyMLP(net(0))
+    d = measured.divergence_to(1, 0.0, "value")
+    assert d is not None and d > 0
+    for tol, fetch in [(d * 0.5, True), (d * 2, False)]:
+        wc = client_for(client, run_id, f"aps:{tol}")
+        wc.version, wc.policy = 0, NumpyMLP(net(0))
+        wc.sync(0.0)
+        assert (wc.version == 1) is fetch, tol
+
+
+def test_an_evicted_version_forces_a_fetch(client, run_id):
+    learner, wc = Learner(client, run_id), client_for(client, run_id, "aps:0.5")
+    learner.publish(net(0))
+    wc.sync(0.0)
+    learner.publish(net(0))
+    wc.sync(0.0)
+    assert wc.version == 0
+    client.delete(RunKeys(run_id).weights(0))  # retention dropped the worker's version
+    wc.sync(0.0)
+    assert wc.version == 1
+
+
+def test_retention_deletes_old_versions(client, run_id):
+    learner = Learner(client, run_id, keep=2)
+    for v in range(4):
+        learner.publish(net(0))
+    keys = RunKeys(run_id)
+    assert [bool(client.exists(keys.weights(v))) for v in range(4)] == [False, False, True, True]
+
+
+def test_max_lag_guard_fires(client, run_id):
+    learner = Learner(client, run_id)
+    wc = client_for(client, run_id, Aps(tolerance=1.0, max_lag_versions=3))
+    learner.publish(net(0))
+    wc.sync(0.0)
+    versions = []
+    for _ in range(6):
+        learner.publish(net(0))  # identical weights: divergence alone would never fetch
+        wc.sync(0.0)
+        versions.append(wc.version)
+    assert versions == [0, 0, 3, 3, 3, 6]
+
+
+def test_byte_counters_equal_what_the_server_sent(client, run_id):
+    learner = Learner(client, run_id)
+    learner.publish(net(0))
+    learner.publish(net(5))
+    wc = client_for(client, run_id, "aps:0")
+    out0 = int(client.info("stats")["total_net_output_bytes"])
+    wc.sync(0.0)  # first fetch: weights only
+    wc.version, wc.policy = 0, NumpyMLP(net(0))
+    learner.publish(net(9))
+    wc.sync(0.0)  # probe + reference + weights
+    out1 = int(client.info("stats")["total_net_output_bytes"])
+    counted = wc.counters.weight_bytes + wc.counters.probe_bytes
+    assert wc.counters.weight_bytes == learner.blobs[1] + learner.blobs[2]
+    assert wc.counters.probe_fetches == 2  # the probe and the reference batch
+    probe_key, ref_key = RunKeys(run_id).probe(2), RunKeys(run_id).reference(0)
+    stored = sum(
+        len(k) + len(v) for key in (probe_key, ref_key) for k, v in client.hgetall(key).items()
+    )
+    assert wc.counters.probe_bytes == stored
+    # The server sent the counted payload plus RESP framing and small replies (INFO excluded).
+    assert counted <= out1 - out0 <= counted + 4096
+
+
+@pytest.mark.parametrize("spec", ["aps:-1", "aps:x", "aps:0.1:js", "interval:0", "sometimes"])
+def test_bad_specs_are_refused(spec):
+    with pytest.raises(ValueError, match=repr(spec).strip("'") if spec != "aps:0.1:js" else "js"):
+        parse_sync(spec)
