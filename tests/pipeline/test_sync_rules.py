@@ -121,7 +121,7 @@ def test_an_evicted_version_forces_a_fetch(client, run_id):
 
 def test_retention_deletes_old_versions(client, run_id):
     learner = Learner(client, run_id, keep=2)
-    for v in range(4):
+    for _ in range(4):
         learner.publish(net(0))
     keys = RunKeys(run_id)
     assert [bool(client.exists(keys.weights(v))) for v in range(4)] == [False, False, True, True]
