@@ -1,0 +1,84 @@
+"""What every benchmark shares: a table printer, machine facts and the results JSON writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """Facts about where a benchmark ran, so a result file says what it is comparable with."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg_1_5_15": [round(x, 2) for x in load],
+    }
+
+
+def fmt(value: Any) -> str:
+    """A table cell: floats with sensible precision, None as a dash."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.3f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A Markdown table of `rows` (dicts) over `columns`, ready to print or paste into docs."""
+    cells = [[fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    head = "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + " |"
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = [
+        "| " + " | ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) + " |"
+        for row in cells
+    ]
+    return "\n".join([head, rule, *body])
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of `values`; +inf (e.g. 'not solved') counts as larger than anything."""
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -> Path:
+    """Write `payload` plus argv, time and machine facts to bench/results/<name>.json (atomically)."""
+    path = out or RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "benchmark": name,
+        "command": " ".join([Path(sys.executable).name, "-m", f"bench.{name}", *sys.argv[1:]]),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        **payload,
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
