@@ -74,6 +74,11 @@ def remote_env_client(session: str) -> str:
     return f"{PREFIX}:renv:{session}:client"
 
 
+def remote_env_replies(session: str) -> str:
+    """The one list all shards of a remote vector env RPUSH their replies to (client BLMPOPs it)."""
+    return f"{PREFIX}:renv:{session}:replies"
+
+
 def celery_echo(token: str) -> str:
     """Reply list of one `clusterenv.echo` task (the Celery round trip the benchmark compares)."""
     return f"{PREFIX}:echo:{token}"
@@ -83,8 +88,8 @@ def celery_echo(token: str) -> str:
 class ShardKeys:
     """Keys of one env shard, under `clusterenv:renv:{session}:shard:{shard}:`.
 
-    A re-placed shard gets a new shard number, so a late or zombie shard never shares a list
-    with its replacement.
+    A re-placed shard gets a new shard number, so a late or zombie shard never reads the
+    requests meant for its replacement.
     """
 
     session: str
@@ -98,11 +103,6 @@ class ShardKeys:
     def requests(self) -> str:
         """List of packed requests, client RPUSH → shard BLPOP."""
         return f"{self.base}:req"
-
-    @property
-    def replies(self) -> str:
-        """List of packed replies, shard RPUSH → client BLPOP."""
-        return f"{self.base}:rep"
 
     @property
     def heartbeat(self) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import redis
 
 from pipeline.codec import CodecError
-from pipeline.keys import ShardKeys, remote_env_client
+from pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
 from pipeline.shard_protocol import (
     ADOPT,
     CLOSE,
@@ -89,6 +89,7 @@ class Shard:
     def __init__(self, client: redis.Redis, spec: ShardSpec, worker: str):
         self.client, self.spec, self.worker = client, spec, worker
         self.keys = ShardKeys(spec.session, spec.shard)
+        self.replies = remote_env_replies(spec.session)
         self.envs: dict[int, gym.Env] = {}
         self.needs_reset: dict[int, bool] = {}
         self.last_obs: dict[int, np.ndarray] = {}
@@ -110,8 +111,18 @@ class Shard:
                 self.obs_space = env.observation_space
         return errors
 
-    def _reply(self, msg: Message) -> None:
-        self.client.rpush(self.keys.replies, pack(msg))
+    def _blob(self, msg: Message) -> bytes:
+        msg.shard = self.spec.shard
+        return pack(msg)
+
+    def _next_request(self, reply: bytes | None) -> Any:
+        """Push the last reply and wait for the next request, in one round trip."""
+        if reply is None:
+            return self.client.blpop([self.keys.requests], timeout=POLL_S)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(self.replies, reply)
+        pipe.blpop([self.keys.requests], timeout=POLL_S)
+        return pipe.execute()[1]
 
     def _rows(self, n: int) -> np.ndarray:
         space = self.obs_space
@@ -129,7 +140,8 @@ class Shard:
                 errors.append(_error(i, "reset", exc))
             self.last_obs[i] = obs[j]
             infos.append(info)
-        return Message(RESET, msg.seq, msg.envs, infos, {"obs": obs}, {"errors": errors})
+        tree = infos if any(infos) else None  # most envs return empty infos: send nothing
+        return Message(RESET, msg.seq, msg.envs, tree, {"obs": obs}, {"errors": errors})
 
     def step(self, msg: Message) -> Message:
         actions = msg.arrays["action"].copy()  # writable: some envs clip their action in place
@@ -155,7 +167,8 @@ class Shard:
             infos.append(info)
         self.steps += 1
         arrays = {"obs": obs, "reward": reward, "terminated": terminated, "truncated": truncated}
-        return Message(STEP, msg.seq, msg.envs, infos, arrays, {"errors": errors})
+        tree = infos if any(infos) else None
+        return Message(STEP, msg.seq, msg.envs, tree, arrays, {"errors": errors})
 
     def handle(self, msg: Message) -> Message:
         unknown = [i for i in msg.envs if i not in self.envs and msg.op != ADOPT]
@@ -186,10 +199,10 @@ class Shard:
         value = json.dumps({"worker": self.worker, "pid": os.getpid()})
         beat = _Heartbeat(self.client, self.spec, value)
         beat.beat(first=True)
-        reason, closing = "closed", None
+        reason, reply = "closed", None
         try:
             errors = self._make(self.spec.env_indices)
-            self._reply(self.hello(errors))
+            reply = self._blob(self.hello(errors))
             if errors:
                 return {"shard": self.spec.shard, "exit": "env creation failed"}
             beat.start()
@@ -198,7 +211,7 @@ class Shard:
                 if beat.stop_reason:
                     reason = beat.stop_reason
                     break
-                item = self.client.blpop([self.keys.requests], timeout=POLL_S)
+                item, reply = self._next_request(reply), None
                 if item is None:
                     if time.monotonic() - idle_since > self.spec.idle_timeout_s:
                         reason = "idle timeout"
@@ -208,12 +221,15 @@ class Shard:
                 try:
                     msg = unpack(item[1])
                 except CodecError as exc:
-                    self._reply(Message(STEP, -1, [], extra={"fatal": f"bad request: {exc}"}))
+                    reply = self._blob(
+                        Message(STEP, -1, [], extra={"fatal": f"bad request: {exc}"})
+                    )
                     continue
                 if msg.op == CLOSE:
-                    closing = msg
+                    # Acked only after the cleanup below, so a closed env leaves no key behind.
+                    reply = self._blob(Message(CLOSE, msg.seq, []))
                     break
-                self._reply(self.handle(msg))
+                reply = self._blob(self.handle(msg))
         finally:
             beat.stop()
             for env in self.envs.values():
@@ -222,8 +238,8 @@ class Shard:
                 except Exception as exc:  # closing must go on for the other envs
                     log.warning("env close failed: %s", exc)
             self.client.delete(self.keys.heartbeat, self.keys.requests)
-            if closing is not None:  # acked only now, so a closed env has left no key behind
-                self._reply(Message(CLOSE, closing.seq, []))
-            elif reason != "closed":
-                self.client.delete(self.keys.replies)
+            if reason == "client gone":
+                self.client.delete(self.replies)
+            elif reply is not None:
+                self.client.rpush(self.replies, reply)
         return {"shard": self.spec.shard, "steps": self.steps, "exit": reason}

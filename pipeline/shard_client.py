@@ -1,10 +1,13 @@
 """Client side of the remote env: places shards through Celery, talks to them over Redis lists.
 
 Placement goes through Celery (any `celery worker` on the broker can host a shard); step traffic
-goes over one request and one reply list per shard, because a BLPOP round trip is several times
-cheaper than a Celery task round trip (bench/remote_env.py measures both). A shard whose heartbeat
-lapses is declared lost: its envs move to the least-loaded surviving shard (or, with no survivor,
-to a new shard placed through Celery) and report `truncated=True` for that step.
+goes over one request list per shard and one reply list per env, because a blocking list pop is
+several times cheaper than a Celery task round trip (bench/remote_env.py measures both). A step
+costs the client one round trip (all RPUSHes and the first BLMPOP in one pipeline) when the
+replies are quick, and each shard one (its reply RPUSH and its next BLPOP pipelined).
+A shard whose heartbeat lapses is declared lost: its envs move to the least-loaded surviving
+shard (or, with no survivor, to a new shard placed through Celery) and report `truncated=True`
+for that step.
 """
 
 from __future__ import annotations
@@ -21,8 +24,18 @@ from celery import Celery
 
 from pipeline.connect import connect
 from pipeline.embedded import alive_worker_processes
-from pipeline.keys import ShardKeys, remote_env_client
-from pipeline.shard_protocol import ADOPT, CLOSE, RESET, STEP, Message, ShardSpec, pack, unpack
+from pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
+from pipeline.shard_protocol import (
+    ADOPT,
+    CLOSE,
+    HELLO,
+    RESET,
+    STEP,
+    Message,
+    ShardSpec,
+    pack,
+    unpack,
+)
 
 HOST_SHARD_TASK = "clusterenv.host_shard"
 # A waiting BLPOP wakes this often to check the heartbeats of the shards it waits on.
@@ -128,6 +141,7 @@ class ShardGroup:
         self.timeout_s, self.placement_timeout_s = timeout_s, placement_timeout_s
         self.heartbeat_ttl_s, self.idle_timeout_s = heartbeat_ttl_s, idle_timeout_s
         self.session = uuid.uuid4().hex[:12]
+        self.replies = remote_env_replies(self.session)
         self.redis = connect(redis_url, blocking=True)
         self.celery = celery_client(redis_url)
         # Unset: one shard per idle worker process (a process hosting a shard stops beating).
@@ -179,7 +193,7 @@ class ShardGroup:
             self.celery.send_task(HOST_SHARD_TASK, kwargs=spec.to_json())
             self.retired.append(ref)  # until its hello arrives; close() reaches it either way
             new.append(ref)
-        pending = {ref.keys.replies: ref for ref in new}
+        pending = {ref.id: ref for ref in new}
         deadline = time.monotonic() + self.placement_timeout_s
         first_hello = 0.0
         while pending:
@@ -189,22 +203,24 @@ class ShardGroup:
                 if left <= 0:
                     self._abandon(list(pending.values()))
                     return [ref.envs for ref in pending.values()]
-            item = self.redis.blpop(list(pending), timeout=min(1.0, max(0.01, left)))
-            if item is None:
-                if left <= 0:
-                    raise PlacementError(self._placement_message(list(pending.values())))
-                continue
-            first_hello = first_hello or time.monotonic()
-            ref = pending.pop(item[0].decode())
-            msg = unpack(item[1])
-            ref.worker = str(msg.extra.get("worker", "unknown worker"))
-            ref.pid = int(msg.extra.get("pid", 0))
-            if msg.extra.get("errors"):
-                raise _remote_error(f"could not build {self.env_id!r}", msg.extra["errors"], ref)
-            self.retired.remove(ref)
-            self.live[ref.id] = ref
-            if not self.hello:
-                self.hello = msg.tree
+            msgs = self._pop(len(pending), min(1.0, max(0.01, left)))
+            if not msgs and left <= 0:
+                raise PlacementError(self._placement_message(list(pending.values())))
+            for msg in msgs:
+                ref = pending.pop(msg.shard, None)
+                if ref is None or msg.op != HELLO:
+                    continue  # a stale answer from an earlier shard
+                first_hello = first_hello or time.monotonic()
+                ref.worker = str(msg.extra.get("worker", "unknown worker"))
+                ref.pid = int(msg.extra.get("pid", 0))
+                if msg.extra.get("errors"):
+                    raise _remote_error(
+                        f"could not build {self.env_id!r}", msg.extra["errors"], ref
+                    )
+                self.retired.remove(ref)
+                self.live[ref.id] = ref
+                if not self.hello:
+                    self.hello = msg.tree
         return []
 
     def _abandon(self, refs: list[ShardRef]) -> None:
@@ -230,6 +246,15 @@ class ShardGroup:
 
     # --- exchanges ---
 
+    def _pop(self, count: int, timeout: float, pipe: Any = None) -> list[Message]:
+        """Up to `count` replies, waiting up to `timeout` for the first (BLMPOP, Redis >= 7)."""
+        if pipe is None:
+            got = self.redis.blmpop(timeout, 1, self.replies, direction="LEFT", count=count)
+        else:
+            pipe.blmpop(timeout, 1, self.replies, direction="LEFT", count=count)
+            got = pipe.execute()[-1]
+        return [unpack(blob) for blob in got[1]] if got else []
+
     def _exchange(self, requests: dict[int, Message]) -> tuple[dict[int, Message], list[ShardRef]]:
         """Send one request per shard, gather the replies; shards found dead come back as lost."""
         pipe = self.redis.pipeline(transaction=False)
@@ -238,25 +263,24 @@ class ShardGroup:
             ref.seq += 1
             msg.seq = ref.seq
             pipe.rpush(ref.keys.requests, pack(msg))
-        pipe.execute()
-        pending = {self.live[sid].keys.replies: self.live[sid] for sid in requests}
+        pending = {sid: self.live[sid] for sid in requests}
+        # The requests and the first wait for replies share one round trip.
+        msgs = self._pop(len(pending), POLL_S, pipe)
         replies: dict[int, Message] = {}
         lost: list[ShardRef] = []
         deadline = time.monotonic() + self.timeout_s
-
-        def accept(key: str, blob: bytes) -> None:
-            ref = pending[key]
-            msg = unpack(blob)
-            if msg.seq != ref.seq:
-                return  # the late answer to a request that already timed out
-            if "fatal" in msg.extra:
-                raise RemoteEnvError(f"{ref.describe()}: {msg.extra['fatal']}", [])
-            replies[ref.id] = msg
-            del pending[key]
-
-        while pending:
-            item = self.redis.blpop(list(pending), timeout=POLL_S)
-            if item is None:
+        while True:
+            for msg in msgs:
+                ref = pending.get(msg.shard)
+                if ref is None or msg.seq != ref.seq:
+                    continue  # the late answer to a request that timed out, or a lost shard's
+                if "fatal" in msg.extra:
+                    raise RemoteEnvError(f"{ref.describe()}: {msg.extra['fatal']}", [])
+                del pending[msg.shard]
+                replies[ref.id] = msg
+            if not pending:
+                return replies, lost
+            if not msgs:
                 lost += self._drop_dead(pending)
                 if pending and time.monotonic() > deadline:
                     names = "; ".join(r.describe() for r in pending.values())
@@ -265,30 +289,21 @@ class ShardGroup:
                         f"no answer to {op} within {self.timeout_s:g} s from {names}, "
                         f"though its heartbeat is alive: is an env stuck in {op}()?"
                     )
-                continue
-            accept(item[0].decode(), item[1])
-            if pending:  # whatever else is ready comes in one round trip
-                keys = list(pending)
-                pipe = self.redis.pipeline(transaction=False)
-                for key in keys:
-                    pipe.lpop(key)
-                for key, blob in zip(keys, pipe.execute(), strict=True):
-                    if blob is not None:
-                        accept(key, blob)
-        return replies, lost
+                if not pending:
+                    return replies, lost
+            msgs = self._pop(len(pending), POLL_S)
 
-    def _drop_dead(self, pending: dict[str, ShardRef]) -> list[ShardRef]:
-        keys = list(pending)
+    def _drop_dead(self, pending: dict[int, ShardRef]) -> list[ShardRef]:
+        refs = list(pending.values())
         pipe = self.redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.exists(pending[key].keys.heartbeat)
+        for ref in refs:
+            pipe.exists(ref.keys.heartbeat)
         dead = []
-        for key, alive in zip(keys, pipe.execute(), strict=True):
+        for ref, alive in zip(refs, pipe.execute(), strict=True):
             if not alive:
-                ref = pending.pop(key)
                 log.warning("lost %s: its heartbeat lapsed; re-placing its envs", ref.describe())
                 self.redis.delete(ref.keys.heartbeat)  # disown: a paused shard must not come back
-                del self.live[ref.id]
+                del pending[ref.id], self.live[ref.id]
                 self.retired.append(ref)
                 dead.append(ref)
         return dead
@@ -408,19 +423,18 @@ class ShardGroup:
         try:
             self._abandon([*self.live.values(), *self.retired])
             # Waiting for the acks means the workers are free again when close() returns.
-            pending = {ref.keys.replies: ref for ref in self.live.values()}
+            pending = dict(self.live)
             deadline = time.monotonic() + wait_s
             while pending and time.monotonic() < deadline:
-                item = self.redis.blpop(list(pending), timeout=0.2)
-                if item is not None and unpack(item[1]).op == CLOSE:
-                    pending.pop(item[0].decode(), None)
-                elif item is None:
-                    for key, ref in list(pending.items()):
+                msgs = self._pop(len(pending), 0.2)
+                for msg in msgs:
+                    if msg.op == CLOSE:
+                        pending.pop(msg.shard, None)
+                if not msgs:
+                    for sid, ref in list(pending.items()):
                         if not self.redis.exists(ref.keys.heartbeat):
-                            pending.pop(key)  # gone already: nothing will answer
-            refs = [*self.live.values(), *self.retired]
-            if refs:
-                self.redis.delete(remote_env_client(self.session), *(r.keys.replies for r in refs))
+                            del pending[sid]  # gone already: nothing will answer
+            self.redis.delete(remote_env_client(self.session), self.replies)
         finally:
             self.live.clear()
             self.celery.close()

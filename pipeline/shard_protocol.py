@@ -52,6 +52,7 @@ class Message:
     tree: Any = None
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    shard: int = -1  # set on replies: all shards of an env answer on one list
 
 
 def pack(msg: Message) -> bytes:
@@ -62,6 +63,7 @@ def pack(msg: Message) -> bytes:
     if clash:
         raise CodecError(f"array names used twice: {sorted(clash)}")
     header = {**msg.extra, "op": msg.op, "seq": msg.seq, "envs": msg.envs, "tree": tree}
+    header["shard"] = msg.shard
     return pack_message(header, {**msg.arrays, **tree_arrays})
 
 
@@ -69,12 +71,15 @@ def unpack(blob: bytes) -> Message:
     """A message from BLPOP bytes; malformed input raises CodecError."""
     header, arrays = unpack_message(blob)
     op, seq, envs = header.pop("op", None), header.pop("seq", None), header.pop("envs", None)
-    if op not in OPS or not isinstance(seq, int) or not isinstance(envs, list):
-        raise CodecError(f"not a shard message: op={op!r} seq={seq!r}")
+    shard = header.pop("shard", None)
+    if op not in OPS or not all(isinstance(x, int) for x in (seq, shard)):
+        raise CodecError(f"not a shard message: op={op!r} seq={seq!r} shard={shard!r}")
+    if not isinstance(envs, list):
+        raise CodecError(f"not a shard message: envs={envs!r}")
     tree = decode_tree(header.pop("tree", None), arrays)
     header.pop("v", None)
     header.pop("arrays", None)
-    return Message(op, seq, envs, tree, arrays, header)
+    return Message(op, seq, envs, tree, arrays, header, shard)
 
 
 # --- Spaces: the client learns them from the shard, so it never needs the simulator itself ---

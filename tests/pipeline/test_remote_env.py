@@ -20,7 +20,7 @@ from gymnasium.vector import AutoresetMode
 
 from pipeline.connect import connect
 from pipeline.embedded import EmbeddedServer, LocalWorkers
-from pipeline.keys import ShardKeys
+from pipeline.keys import ShardKeys, remote_env_replies
 from pipeline.remote_env import RemoteEnv, RemoteEnvError, RemoteVectorEnv, ShardTimeout
 
 # Built by the workers only (they run from the repo root); see remote_env_helpers.py.
@@ -191,7 +191,7 @@ def test_close_frees_workers_and_keys(redis_url: str, workers: LocalWorkers, cli
         envs.reset(seed=0)
         envs.close()
         assert not client.exists(*(ShardKeys(session, i).heartbeat for i in range(2)))
-        assert not client.exists(*(ShardKeys(session, i).replies for i in range(2)))
+        assert not client.exists(remote_env_replies(session))
 
 
 def test_embedded_stack_is_started_and_stopped() -> None:
