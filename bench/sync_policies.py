@@ -1,0 +1,190 @@
+"""Sync rules compared on real DQN runs: weight bytes and fetches against sample efficiency.
+
+For each env, rule and seed, `clusterenv train --sync RULE` runs for a fixed env-step budget (no
+early stop, so the area under the eval curve compares like with like). Per run: env steps to the
+first greedy eval at or above the env's solved level, mean eval over the budget, weight bytes and
+fetches per worker, probe bytes, lag. Results are appended run by run (resumable with --resume),
+then summarised per rule and plotted as bytes vs steps-to-solve.
+
+    python -m bench.sync_policies                      # the full grid (about an hour here)
+    python -m bench.sync_policies --seeds 1 --envs CartPole-v1 --rules on-change,aps:0.02
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import RESULTS_DIR, median, table, write_results
+from learner.metrics import read_metrics
+
+RULES = [
+    "always", "on-change", "interval:1024", "interval:4096", "interval:16384",
+    "aps:0.005", "aps:0.02", "aps:0.05", "aps:0.05:tv", "aps:0.2:tv", "aps:0.05:kl", "aps:0.2:kl",
+]  # fmt: skip
+
+# Per env: budget, solved level, and flags on top of the defaults.
+ENVS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": {"budget": 40_000, "solved": 475.0, "flags": []},
+    "Acrobot-v1": {
+        "budget": 40_000,
+        "solved": -100.0,
+        "flags": ["--lr", "6.3e-4", "--eps-decay-steps", "10000", "--eps-end", "0.05"],
+    },
+}
+WORKERS = 2
+
+
+def run_one(env: str, rule: str, seed: int, runs_dir: Path) -> dict[str, Any]:
+    spec = ENVS[env]
+    parent = Path(tempfile.mkdtemp(prefix="sync-", dir=runs_dir))
+    cmd = [
+        sys.executable, "-m", "pipeline.cli", "train", "--env", env, "--seed", str(seed),
+        "--sync", rule, "--total-steps", str(spec["budget"]), "--target-return", "1e9",
+        "--workers", str(WORKERS), "--run-dir", str(parent), *spec["flags"],
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
+    (run_dir,) = [p for p in parent.iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    solved_at = next(
+        (r["env_steps"] for r in rows if r["eval/return_mean"] >= spec["solved"]), None
+    )
+    sync = summary["sync_total"]
+    return {
+        "env": env, "rule": rule, "seed": seed, "run_dir": str(run_dir),
+        "steps_to_solve": solved_at,
+        "auc": float(np.mean([r["eval/return_mean"] for r in rows])),
+        "weight_bytes_per_worker": sync.get("weight_bytes", 0) / WORKERS,
+        "weight_fetches_per_worker": sync.get("weight_fetches", 0) / WORKERS,
+        "probe_bytes_per_worker": sync.get("probe_bytes", 0) / WORKERS,
+        "versions": summary["policy_versions"],
+        **{f"lag_{k}": v for k, v in summary["lag"].items()},
+        "wall_s": summary["wall_s"],
+    }  # fmt: skip
+
+
+def summarise(runs: list[dict[str, Any]], env: str) -> list[dict[str, Any]]:
+    out = []
+    for rule in dict.fromkeys(r["rule"] for r in runs if r["env"] == env):
+        mine = [r for r in runs if r["env"] == env and r["rule"] == rule]
+        steps = [r["steps_to_solve"] if r["steps_to_solve"] is not None else math.inf for r in mine]
+        finite = [s for s in steps if s != math.inf]
+        out.append({
+            "rule": rule,
+            "seeds": len(mine),
+            "solved": f"{len(finite)}/{len(mine)}",
+            "median_steps": median(steps),
+            "steps_min": min(steps),
+            "steps_max": max(steps),
+            "mean_eval_auc": float(np.mean([r["auc"] for r in mine])),
+            "weight_MB_per_worker": median([r["weight_bytes_per_worker"] for r in mine]) / 1e6,
+            "fetches_per_worker": median([r["weight_fetches_per_worker"] for r in mine]),
+            "probe_MB_per_worker": median([r["probe_bytes_per_worker"] for r in mine]) / 1e6,
+            "lag_updates_mean": median([r["lag_lag_updates_mean"] for r in mine]),
+            "lag_updates_p95": median([r["lag_lag_updates_p95"] for r in mine]),
+        })  # fmt: skip
+    front = pareto(out)
+    for row in out:
+        row["pareto"] = "yes" if row["rule"] in front else ""
+    return out
+
+
+def pareto(rows: list[dict[str, Any]]) -> set[str]:
+    """Rules no other rule beats on both total bytes (weights + probes) and median steps."""
+
+    def cost(r):
+        return (r["weight_MB_per_worker"] + r["probe_MB_per_worker"], r["median_steps"])
+
+    front = set()
+    for r in rows:
+        b, s = cost(r)
+        dominated = any(
+            (cost(o)[0] <= b and cost(o)[1] <= s) and cost(o) != (b, s) for o in rows if o is not r
+        )
+        if not dominated:
+            front.add(r["rule"])
+    return front
+
+
+def plot(summaries: dict[str, list[dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(summaries), figsize=(6.5 * len(summaries), 5), squeeze=False)
+    for ax, (env, rows) in zip(axes[0], summaries.items(), strict=True):
+        for r in rows:
+            x = r["weight_MB_per_worker"] + r["probe_MB_per_worker"]
+            y = r["median_steps"] if r["median_steps"] != math.inf else ENVS[env]["budget"] * 1.05
+            kind = r["rule"].split(":")[0]
+            marker = {"always": "s", "on-change": "D", "interval": "o", "aps": "^"}[kind]
+            ax.scatter(x, y, marker=marker, s=60, edgecolors="k" if r["pareto"] else "none")
+            ax.annotate(r["rule"], (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel("weight + probe MB per worker (median over seeds, log)")
+        ax.set_ylabel("median env steps to solved level (above the line: not solved)")
+        ax.axhline(ENVS[env]["budget"], color="grey", lw=0.5)
+        ax.set_title(f"{env}: bytes vs sample efficiency (outlined: Pareto front)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--envs", default=",".join(ENVS), help="comma-separated env ids (from ENVS)")
+    p.add_argument("--rules", default=",".join(RULES), help="comma-separated --sync specs")
+    p.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "sync_policies.json")
+    p.add_argument("--plot", type=Path, default=Path("docs/img/sync_tradeoff.png"))
+    p.add_argument(
+        "--runs-dir", type=Path, default=Path("runs/bench-sync"), help="run dirs go here"
+    )
+    p.add_argument("--resume", action="store_true", help="keep runs already in --out, do the rest")
+    p.add_argument(
+        "--no-run", action="store_true", help="only summarise and plot the runs in --out"
+    )
+    args = p.parse_args(argv)
+    envs, rules = args.envs.split(","), args.rules.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    runs: list[dict[str, Any]] = []
+    if (args.resume or args.no_run) and args.out.exists():
+        runs = json.loads(args.out.read_text())["runs"]
+    done = {(r["env"], r["rule"], r["seed"]) for r in runs}
+    args.runs_dir.mkdir(parents=True, exist_ok=True)
+    for env in envs:
+        for seed in seeds:  # seeds outermost: a partial grid still covers every rule
+            for rule in rules:
+                if (env, rule, seed) in done or args.no_run:
+                    continue
+                r = run_one(env, rule, seed, args.runs_dir)
+                runs.append(r)
+                print(f"{env} {rule:>14} seed {seed}: solved at {r['steps_to_solve']}, "
+                      f"{r['weight_bytes_per_worker'] / 1e6:.2f} MB/worker, {r['wall_s']:.0f} s", flush=True)  # fmt: skip
+                write_results("sync_policies", {"runs": runs}, args.out)
+    summaries = {env: summarise(runs, env) for env in envs if any(r["env"] == env for r in runs)}
+    for env, rows in summaries.items():
+        print(
+            f"\n## {env} (budget {ENVS[env]['budget']} env steps, solved = {ENVS[env]['solved']})"
+        )
+        print(table(rows, list(rows[0])))
+    write_results("sync_policies", {"runs": runs, "summary": summaries}, args.out)
+    plot(summaries, args.plot)
+    print(f"\nplot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
