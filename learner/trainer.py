@@ -130,7 +130,8 @@ class Trainer:
         self.worker_sync: dict[str, dict[str, int]] = {}
         self.lags: list[int] = []
         self.lag_updates: list[int] = []
-        self.divergences: list[float] = []
+        self.divergences: list[tuple[float, int]] = []  # (D, index of its chunk in self.lags)
+        self._lag_mark = 0  # chunks already covered by a previous metrics row
         self.updates_at_version: list[int] = []
         self.episode_returns: list[float] = []
         self._stop_ingest = threading.Event()
@@ -167,7 +168,7 @@ class Trainer:
             self.lags.append(arr.lag_versions)
             self.lag_updates.append(arr.lag_updates)
             if isinstance(h.get("divergence"), float):
-                self.divergences.append(h["divergence"])
+                self.divergences.append((h["divergence"], len(self.lags) - 1))
             if isinstance(h.get("sync"), dict):
                 self.worker_sync[h["worker"]] = h["sync"]
             self.episode_returns.extend(float(r) for r, _ in h.get("episodes", []))
@@ -267,7 +268,12 @@ class Trainer:
                     time.sleep(0.002)
         finally:
             bar.close()
-            self.client.set(self.keys.stop, 1, ex=3600)
+            # Late chunks see `stop` and return at once; the run's keys expire within the hour.
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(self.keys.stop, 1, ex=3600)
+            for key in (self.keys.stream, self.keys.actor_counter, self.keys.weights_latest):
+                pipe.expire(key, 3600)
+            pipe.execute()
             self._stop_ingest.set()
             ingest.join(timeout=5)
             self._drain_arrivals()
@@ -277,17 +283,19 @@ class Trainer:
             self.run_dir, solved, self.env_steps, self.learner.updates, wall, best, evals
         )
 
-    def lag_stats(self) -> dict[str, float | None]:
-        """Policy lag at ingest (versions and gradient steps) and divergence at sync checks."""
-        lags = np.asarray(self.lags or [0])
-        lag_updates = np.asarray(self.lag_updates or [0])
+    def lag_stats(self, since: int = 0) -> dict[str, float | None]:
+        """Policy lag at ingest (versions and gradient steps) and divergence at sync checks,
+        over the chunks that arrived after the first `since`."""
+        lags = np.asarray(self.lags[since:] or [0])
+        lag_updates = np.asarray(self.lag_updates[since:] or [0])
+        divergences = [d for d, i in self.divergences if i >= since]
         return {
             "lag_versions_mean": float(lags.mean()),
             "lag_versions_max": int(lags.max()),
             "lag_updates_mean": float(lag_updates.mean()),
             "lag_updates_p95": float(np.percentile(lag_updates, 95)),
             "lag_updates_max": int(lag_updates.max()),
-            "divergence_mean": float(np.mean(self.divergences)) if self.divergences else None,
+            "divergence_mean": float(np.mean(divergences)) if divergences else None,
         }
 
     def _log_eval(self, returns: np.ndarray, wall: float) -> None:

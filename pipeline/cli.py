@@ -153,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             from pipeline.report import write_report
 
-            print(write_report(args.run_dirs, args.out))
+            try:
+                print(write_report(args.run_dirs, args.out))
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
+            print(f"plots and report.md in {args.out}", file=sys.stderr)
             return 0
     except CliError as exc:
         print(f"clusterenv: error: {exc}", file=sys.stderr)

@@ -1,0 +1,68 @@
+"""`clusterenv report` on run directories: plots and a headline table (no server needed)."""
+
+import json
+
+import pytest
+
+from learner.metrics import MetricsWriter
+from pipeline.cli import main
+from pipeline.report import write_report
+
+
+def fake_run(parent, name, sync, solve_at, fetches):
+    d = parent / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"sync": sync}))
+    lag = {"lag_updates_mean": 100.0, "lag_updates_p95": 300.0}
+    summary = {
+        "target_return": 475.0,
+        "sync_total": {
+            "weight_bytes": fetches * 1000,
+            "weight_fetches": fetches,
+            "probe_bytes": 50,
+        },
+        "sync_per_worker": {"w0": {}, "w1": {}},
+        "lag": lag,
+    }
+    (d / "summary.json").write_text(json.dumps(summary))
+    m = MetricsWriter(d / "metrics.jsonl")
+    for step in range(2000, 10001, 2000):
+        ret = 500.0 if step >= solve_at else step / 100
+        m.write({"env_steps": step, "wall_s": step / 1000, "eval/return_mean": ret,
+                 "pipeline/weight_bytes": step * 10, "pipeline/lag_updates_mean": 50.0})  # fmt: skip
+    m.close()
+    return d
+
+
+def test_report_writes_plots_and_a_table(tmp_path):
+    runs = [
+        fake_run(tmp_path, "a1", "on-change", 6000, 40),
+        fake_run(tmp_path, "a2", "on-change", 8000, 60),
+        fake_run(tmp_path, "b1", "aps:0.02", 99999, 4),
+    ]
+    out = tmp_path / "report"
+    md = write_report(runs, out)
+    for name in (
+        "eval_vs_steps.png",
+        "eval_vs_wall.png",
+        "weight_bytes_vs_steps.png",
+        "lag_vs_wall.png",
+    ):
+        assert (out / name).stat().st_size > 1000
+    on_change = next(line for line in md.splitlines() if line.startswith("| on-change"))
+    assert "| 2/2 | 7000 |" in on_change  # median of first solves at 6000 and 8000
+    assert "| 25.00 |" in on_change  # median fetches per worker: (20 + 30) / 2
+    aps = next(line for line in md.splitlines() if line.startswith("| aps:0.02"))
+    assert "| 0/1 | - |" in aps
+    assert "report.md" in {p.name for p in out.iterdir()}
+
+
+def test_report_of_a_non_run_is_a_one_line_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "not a finished run directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["report"]])
+def test_report_needs_a_run_dir(argv):
+    with pytest.raises(SystemExit):
+        main(argv)
