@@ -231,6 +231,7 @@ class Trainer:
         next_eval, best, solved = cfg.eval_every, -np.inf, False
         evals: list[tuple[int, float]] = []
         last_eval = float("nan")
+        interrupted = False
         self.last_loss = float("nan")
         try:
             while True:
@@ -266,6 +267,8 @@ class Trainer:
                 bar.refresh() if interactive else None
                 if not trained:
                     time.sleep(0.002)
+        except KeyboardInterrupt:
+            interrupted = True  # still write summary and checkpoint below, then re-raise
         finally:
             bar.close()
             # Late chunks see `stop` and return at once; the run's keys expire within the hour.
@@ -278,7 +281,9 @@ class Trainer:
             ingest.join(timeout=5)
             self._drain_arrivals()
         wall = time.perf_counter() - t0
-        self._finish(wall, solved)
+        self._finish(wall, solved, interrupted)
+        if interrupted:
+            raise KeyboardInterrupt
         return RunResult(
             self.run_dir, solved, self.env_steps, self.learner.updates, wall, best, evals
         )
@@ -321,13 +326,14 @@ class Trainer:
         }
         self.metrics.write(row)
 
-    def _finish(self, wall: float, solved: bool) -> None:
+    def _finish(self, wall: float, solved: bool, interrupted: bool) -> None:
         meta = {"run_id": self.run_id, "env": self.cfg.env, "env_steps": str(self.env_steps),
                 "updates": str(self.learner.updates), "policy_version": str(self.source.version)}  # fmt: skip
         save_checkpoint(self.run_dir, "final", self.learner.state_tensors(), meta)
         summary = {
             "run_id": self.run_id,
             "solved": solved,
+            "interrupted": interrupted,
             "target_return": self.target,
             "env_steps": self.env_steps,
             "updates": self.learner.updates,

@@ -140,6 +140,9 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, sig):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "interrupted" in err
+    run_dir = only_run_dir(tmp_path)  # what was learned is kept
+    assert json.loads((run_dir / "summary.json").read_text())["interrupted"] is True
+    assert (run_dir / "final.safetensors").exists()
     assert_no_survivors(mark, tree)
 
 
