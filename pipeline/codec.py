@@ -9,6 +9,7 @@ Nothing is pickled; a decoder trusts no field it has not checked.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -174,7 +175,7 @@ def unpack_message(blob: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         ):
             raise CodecError(f"array {name!r}: bad shape {shape!r}")
         np_dtype = np.dtype(dtype)
-        size = int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize
+        size = math.prod(shape) * np_dtype.itemsize
         if offset + size > len(blob):
             raise CodecError(f"array {name!r}: {size} bytes promised, message too short")
         arrays[name] = np.frombuffer(view[offset : offset + size], dtype=np_dtype).reshape(shape)
@@ -222,7 +223,11 @@ def decode_tree(tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
             raise CodecError(f"tree refers to missing array {tree[_ND]!r}")
         a = arrays[tree[_ND]]
         shape = tree.get("shape")
-        if not isinstance(shape, list) or int(np.prod(shape, dtype=np.int64)) != a.size:
+        if (
+            not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+            or math.prod(shape) != a.size
+        ):
             raise CodecError(f"tree array {tree[_ND]!r}: shape {shape!r} does not fit {a.shape}")
         a = a.reshape(shape)
         return a[()] if tree.get("scalar") else a.copy()

@@ -149,7 +149,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if a.dtype.kind not in kinds:
             raise TypeError(f"actions of dtype {a.dtype} do not fit {space}")
         a = a.astype(space.dtype, copy=False)
-        if not self.action_space.contains(a):
+        if isinstance(space, gym.spaces.Discrete):  # the common case, checked in one pass
+            inside = bool(np.all((a >= space.start) & (a < space.start + space.n)))
+        else:
+            inside = self.action_space.contains(a)
+        if not inside:
             for i in range(n):
                 if not space.contains(a[i]):
                     raise gym.error.InvalidAction(
