@@ -18,13 +18,8 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from pipeline.embedded import Stack
-from pipeline.shard_client import (
-    Batch,
-    PlacementError,
-    RemoteEnvError,
-    ShardGroup,
-    ShardTimeout,
-)
+from pipeline.shard_client import PlacementError, RemoteEnvError, ShardGroup, ShardTimeout
+from pipeline.shard_columns import Batch, ShardColumns
 from pipeline.shard_protocol import space_from_tree
 
 __all__ = ["PlacementError", "RemoteEnv", "RemoteEnvError", "RemoteVectorEnv", "ShardTimeout"]
@@ -65,14 +60,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                 redis_url, env_id, num_envs, dict(env_kwargs or {}), shards,
                 timeout_s, placement_timeout_s, heartbeat_ttl_s, idle_timeout_s,
             )  # fmt: skip
-            hello = self._group.start()
+            self._columns = ShardColumns(self._group)
+            hello = self._columns.start()
             self.single_observation_space = space_from_tree(hello["observation_space"])
             self.single_action_space = space_from_tree(hello["action_space"])
         except BaseException:
             self.close_extras()
             raise
         obs_space = self.single_observation_space
-        self._group.set_obs_space(obs_space.shape, obs_space.dtype)
+        self._columns.set_obs_space(obs_space.shape, obs_space.dtype)
         self.env_id, self.redis_url, self.num_envs = env_id, redis_url, num_envs
         self.observation_space = batch_space(obs_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
@@ -113,7 +109,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             if self._needs_reset and not mask.all():
                 raise ValueError("the first reset() must reset every env")
             envs = np.flatnonzero(mask).tolist()
-        batch = self._group.reset(envs, [seeds[i] for i in envs], options)
+        batch = self._columns.reset(envs, [seeds[i] for i in envs], options)
         if batch.errors:
             self._raise_errors(batch, batch.obs, self._vector_infos(batch))
         self._needs_reset = False
@@ -130,7 +126,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def _step_batch(self, actions: Any) -> Batch:
         if self._needs_reset:
             raise gym.error.ResetNeeded("call reset() before step() on a RemoteVectorEnv")
-        batch = self._group.step(self._checked(actions))
+        batch = self._columns.step(self._checked(actions))
         if batch.errors:
             result = (batch.obs, batch.rewards, batch.terminated, batch.truncated)
             self._raise_errors(batch, *result, self._vector_infos(batch))

@@ -5,9 +5,8 @@ goes over one request list per shard and one reply list per env, because a block
 several times cheaper than a Celery task round trip (bench/remote_env.py measures both). A step
 costs the client one round trip (all RPUSHes and the first BLMPOP in one pipeline) when the
 replies are quick, and each shard one (its reply RPUSH and its next BLPOP pipelined).
-A shard whose heartbeat lapses is declared lost: its envs move to the least-loaded surviving
-shard (or, with no survivor, to a new shard placed through Celery) and report `truncated=True`
-for that step.
+A shard whose heartbeat lapses is reported lost to the caller (pipeline/shard_columns.py
+re-homes its envs).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,11 +25,8 @@ from pipeline.connect import connect
 from pipeline.embedded import alive_worker_processes
 from pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
 from pipeline.shard_protocol import (
-    ADOPT,
     CLOSE,
     HELLO,
-    RESET,
-    STEP,
     Message,
     ShardSpec,
     pack,
@@ -79,19 +75,6 @@ class ShardRef:
 
     def describe(self) -> str:
         return f"shard {self.id} (envs {self.envs}) on {self.worker} pid {self.pid}"
-
-
-@dataclass
-class Batch:
-    """One reset/step result over all envs, in column order."""
-
-    obs: np.ndarray
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    infos: list[dict[str, Any]]
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    lost: list[int] = field(default_factory=list)
 
 
 def celery_client(redis_url: str) -> Celery:
@@ -153,30 +136,20 @@ class ShardGroup:
         self.retired: list[ShardRef] = []
         self.next_id = 0
         self.hello: dict[str, Any] = {}
-        self.obs_shape: tuple[int, ...] = ()
-        self.obs_dtype = np.dtype(np.float32)
-        self.last_obs: np.ndarray | None = None
         self.beat = _ClientBeat(
             self.redis, remote_env_client(self.session), max(5.0, 2 * heartbeat_ttl_s)
         )
 
     # --- placement ---
 
-    def start(self) -> dict[str, Any]:
-        """Place the shards (contiguous blocks of columns); returns the first shard's hello."""
+    def start(self) -> list[list[int]]:
+        """Place the shards (contiguous blocks of columns); returns blocks no worker took."""
         self.beat.beat()
         self.beat.start()
         blocks = np.array_split(np.arange(self.num_envs), self.num_shards)
-        unplaced = self._place([b.tolist() for b in blocks], all_required=not self.auto_shards)
-        if unplaced:
-            # Fewer workers took a shard than the heartbeats promised: the started shards
-            # host the rest, so an over-count costs PLACEMENT_GRACE_S, not a failure.
-            log.warning("%d shard(s) found no free worker; hosting envs %s on the others",
-                        len(unplaced), sum(unplaced, []))  # fmt: skip
-            self._rehome(sorted(sum(unplaced, [])))
-        return self.hello
+        return self.place([b.tolist() for b in blocks], all_required=not self.auto_shards)
 
-    def _place(self, blocks: list[list[int]], *, all_required: bool = True) -> list[list[int]]:
+    def place(self, blocks: list[list[int]], *, all_required: bool = True) -> list[list[int]]:
         """Send one host_shard task per block and wait for the hellos; returns blocks left over.
 
         With `all_required=False`, blocks still unstarted PLACEMENT_GRACE_S after the first hello
@@ -214,9 +187,7 @@ class ShardGroup:
                 ref.worker = str(msg.extra.get("worker", "unknown worker"))
                 ref.pid = int(msg.extra.get("pid", 0))
                 if msg.extra.get("errors"):
-                    raise _remote_error(
-                        f"could not build {self.env_id!r}", msg.extra["errors"], ref
-                    )
+                    raise remote_error(f"could not build {self.env_id!r}", msg.extra["errors"], ref)
                 self.retired.remove(ref)
                 self.live[ref.id] = ref
                 if not self.hello:
@@ -241,11 +212,6 @@ class ShardGroup:
             f"more workers (`celery -A tasks worker`), close other remote envs, or pass shards=..."
         )
 
-    def set_obs_space(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        self.obs_shape, self.obs_dtype = shape, np.dtype(dtype)
-
-    # --- exchanges ---
-
     def _pop(self, count: int, timeout: float, pipe: Any = None) -> list[Message]:
         """Up to `count` replies, waiting up to `timeout` for the first (BLMPOP, Redis >= 7)."""
         if pipe is None:
@@ -255,7 +221,7 @@ class ShardGroup:
             got = pipe.execute()[-1]
         return [unpack(blob) for blob in got[1]] if got else []
 
-    def _exchange(self, requests: dict[int, Message]) -> tuple[dict[int, Message], list[ShardRef]]:
+    def exchange(self, requests: dict[int, Message]) -> tuple[dict[int, Message], list[ShardRef]]:
         """Send one request per shard, gather the replies; shards found dead come back as lost."""
         pipe = self.redis.pipeline(transaction=False)
         for sid, msg in requests.items():
@@ -308,111 +274,6 @@ class ShardGroup:
                 dead.append(ref)
         return dead
 
-    def _rehome(self, envs: list[int]) -> list[int]:
-        """Fresh copies of `envs` on survivors, else on a new shard; returns envs lost meanwhile."""
-        if not self.live:
-            self._place([envs])
-            return []
-        load = {sid: len(ref.envs) for sid, ref in self.live.items()}
-        given: dict[int, list[int]] = {sid: [] for sid in self.live}
-        for i in envs:
-            sid = min(load, key=lambda s: (load[s], s))
-            given[sid].append(i)
-            load[sid] += 1
-        requests = {sid: Message(ADOPT, 0, e) for sid, e in given.items() if e}
-        replies, lost = self._exchange(requests)
-        for sid, msg in replies.items():
-            if msg.extra.get("errors"):
-                raise _remote_error("could not rebuild envs", msg.extra["errors"], self.live[sid])
-            self.live[sid].envs = sorted(self.live[sid].envs + given[sid])
-        return sorted(i for ref in lost for i in ref.envs + given[ref.id])
-
-    def _recover(self, lost: list[ShardRef]) -> list[int]:
-        """Re-home the envs of lost shards (and of any shard lost while doing so)."""
-        todo = sorted(i for ref in lost for i in ref.envs)
-        moved: list[int] = []
-        while todo:
-            moved += todo
-            todo = self._rehome(todo)
-        return sorted(set(moved))
-
-    def _empty(self) -> Batch:
-        n = self.num_envs
-        return Batch(
-            obs=np.zeros((n, *self.obs_shape), dtype=self.obs_dtype),
-            rewards=np.zeros(n, dtype=np.float64),
-            terminated=np.zeros(n, dtype=bool),
-            truncated=np.zeros(n, dtype=bool),
-            infos=[{} for _ in range(n)],
-        )
-
-    @staticmethod
-    def _scatter(batch: Batch, msg: Message, ref: ShardRef) -> None:
-        idx = np.asarray(msg.envs, dtype=np.int64)
-        batch.obs[idx] = msg.arrays["obs"]
-        for name, out in (("reward", batch.rewards), ("terminated", batch.terminated)):
-            if name in msg.arrays:
-                out[idx] = msg.arrays[name]
-        if "truncated" in msg.arrays:
-            batch.truncated[idx] = msg.arrays["truncated"]
-        for i, info in zip(msg.envs, msg.tree or [], strict=False):
-            batch.infos[i] = info
-        for err in msg.extra.get("errors", []):
-            batch.errors.append({**err, "worker": f"{ref.worker} pid {ref.pid}", "shard": ref.id})
-
-    def reset(self, envs: list[int], seeds: list[int | None], options: Any) -> Batch:
-        """Reset these columns; a shard lost meanwhile has its envs re-placed and reset again."""
-        batch = self._empty()
-        if self.last_obs is not None:
-            batch.obs[:] = self.last_obs
-        seed_of = dict(zip(envs, seeds, strict=True))
-        todo = sorted(envs)
-        while todo:
-            requests = {}
-            for sid, ref in self.live.items():
-                mine = [i for i in ref.envs if i in seed_of and i in todo]
-                if mine:
-                    requests[sid] = Message(
-                        RESET, 0, mine, options, extra={"seeds": [seed_of[i] for i in mine]}
-                    )
-            replies, lost = self._exchange(requests)
-            for sid, msg in replies.items():
-                self._scatter(batch, msg, self.live[sid])
-            moved = self._recover(lost) if lost else []
-            batch.lost += moved
-            # Envs of a lost shard that were not asked to reset still start a fresh episode.
-            todo = moved
-            seed_of.update({i: None for i in moved if i not in seed_of})
-        for i in batch.lost:
-            batch.infos[i] = {**batch.infos[i], "worker_lost": True}
-        self.last_obs = batch.obs.copy()
-        return batch
-
-    def step(self, actions: np.ndarray) -> Batch:
-        """Step every column; the columns of a lost shard report truncated with their last obs."""
-        batch = self._empty()
-        requests = {
-            sid: Message(STEP, 0, ref.envs, arrays={"action": actions[ref.envs]})
-            for sid, ref in self.live.items()
-        }
-        replies, lost = self._exchange(requests)
-        for sid, msg in replies.items():
-            self._scatter(batch, msg, self.live[sid])
-        if lost:
-            lost_envs = set(i for ref in lost for i in ref.envs)
-            moved = self._recover(lost)
-            for i in moved:
-                # NEXT_STEP: this step ends the episode; the fresh copy resets on the next step.
-                if i in lost_envs and self.last_obs is not None:
-                    batch.obs[i] = self.last_obs[i]
-                    batch.rewards[i] = 0.0
-                    batch.terminated[i] = False
-                batch.truncated[i] = True
-                batch.infos[i] = {**batch.infos[i], "worker_lost": True}
-            batch.lost = moved
-        self.last_obs = batch.obs.copy()
-        return batch
-
     # --- shutdown ---
 
     def close(self, wait_s: float = 5.0) -> None:
@@ -441,7 +302,7 @@ class ShardGroup:
             self.redis.close()
 
 
-def _remote_error(what: str, errors: list[dict[str, Any]], ref: ShardRef) -> RemoteEnvError:
+def remote_error(what: str, errors: list[dict[str, Any]], ref: ShardRef) -> RemoteEnvError:
     first = errors[0]
     return RemoteEnvError(
         f"{what} on {ref.describe()}: env {first['env']} raised in {first['where']}: "
