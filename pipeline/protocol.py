@@ -1,13 +1,32 @@
-"""The small JSON arguments of a `collect_chunk` task, checked on both ends."""
+"""The small JSON arguments of Celery tasks, checked on both ends."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Self
+
+
+class TaskArgs:
+    """For dataclass task arguments: `to_json` out; `from_json` refuses unknown fields, then `check`s."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        unknown = set(data) - {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields: {', '.join(sorted(unknown))}")
+        args = cls(**data)
+        args.check()
+        return args
+
+    def check(self) -> None:
+        """Raise ValueError naming what is wrong with these arguments."""
 
 
 @dataclass(frozen=True)
-class ChunkRequest:
+class ChunkRequest(TaskArgs):
     """One chunk of collection: which run, which env, how many steps, how to act and sync."""
 
     run_id: str
@@ -22,17 +41,8 @@ class ChunkRequest:
     max_lag_s: float = 0.0
     env_kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ChunkRequest:
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown chunk request fields: {', '.join(sorted(unknown))}")
-        req = cls(**data)
-        if req.num_envs < 1 or req.steps < 1:
-            raise ValueError(f"num_envs and steps must be >= 1, got {req.num_envs}, {req.steps}")
-        if not 0.0 <= req.epsilon <= 1.0:
-            raise ValueError(f"epsilon must be in [0, 1], got {req.epsilon}")
-        return req
+    def check(self) -> None:
+        if self.num_envs < 1 or self.steps < 1:
+            raise ValueError(f"num_envs and steps must be >= 1, got {self.num_envs}, {self.steps}")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")

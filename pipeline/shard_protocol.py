@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
 from pipeline.codec import CodecError, decode_tree, encode_tree, pack_message, unpack_message
+from pipeline.protocol import TaskArgs
 
 # Request ops (client → shard); a reply echoes the op and the request's sequence number.
 HELLO, RESET, STEP, ADOPT, CLOSE = "hello", "reset", "step", "adopt", "close"
@@ -17,7 +18,7 @@ OPS = frozenset({HELLO, RESET, STEP, ADOPT, CLOSE})
 
 
 @dataclass(frozen=True)
-class ShardSpec:
+class ShardSpec(TaskArgs):
     """JSON arguments of one `clusterenv.host_shard` task."""
 
     session: str
@@ -28,18 +29,9 @@ class ShardSpec:
     heartbeat_ttl_s: float = 3.0
     idle_timeout_s: float = 300.0
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ShardSpec:
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown shard spec fields: {', '.join(sorted(unknown))}")
-        spec = cls(**data)
-        if not spec.env_indices or spec.heartbeat_ttl_s <= 0 or spec.idle_timeout_s <= 0:
-            raise ValueError(f"bad shard spec: {spec}")
-        return spec
+    def check(self) -> None:
+        if not self.env_indices or self.heartbeat_ttl_s <= 0 or self.idle_timeout_s <= 0:
+            raise ValueError(f"bad shard spec: {self}")
 
 
 @dataclass
