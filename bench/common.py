@@ -61,6 +61,15 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
+_LOAD_AT_START: list[float] | None = None
+
+
+def mark_start() -> None:
+    """Remember the machine's load as a benchmark starts (written beside the load at its end)."""
+    global _LOAD_AT_START
+    _LOAD_AT_START = machine()["loadavg_1_5_15"]
+
+
 def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -> Path:
     """Write `payload` plus argv, time and machine facts to bench/results/<name>.json (atomically)."""
     path = out or RESULTS_DIR / f"{name}.json"
@@ -69,7 +78,7 @@ def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -
         "benchmark": name,
         "command": " ".join([Path(sys.executable).name, "-m", f"bench.{name}", *sys.argv[1:]]),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine(),
+        "machine": machine() | {"loadavg_at_start": _LOAD_AT_START},
         **payload,
     }
     tmp = path.with_suffix(".json.tmp")

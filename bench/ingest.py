@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from bench.common import median, table, write_results
+from bench.common import mark_start, median, table, write_results
 from learner.replay import ReplayBuffer
 from pipeline.codec import decode_chunk, encode_chunk
 from pipeline.connect import connect
@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=None, help="results JSON (default: bench/results/ingest.json)"
     )
     args = p.parse_args(argv)
+    mark_start()
     if min(args.chunks, args.repeats, args.count) < 1:
         p.error("--chunks, --repeats and --count must be >= 1")
     row_sizes = [int(r) for r in args.rows.split(",") if r.strip()]

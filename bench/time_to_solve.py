@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import median, table, write_results
+from bench.common import mark_start, median, table, write_results
 
 # RL-Zoo hyperparams/dqn.yml, CartPole-v1 (n_timesteps there is 5e4; the budget here is a flag).
 RL_ZOO_CARTPOLE = {
@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         help="results JSON (default: bench/results/time_to_solve.json)",
     )
     args = p.parse_args(argv)
+    mark_start()
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     common = dict(
         budget=args.budget,

@@ -1,0 +1,248 @@
+"""The pipeline side of bench/overhead.py: one worker, chunk dispatch, stream reads, timings by part.
+
+`one_worker` starts an embedded server and ONE local `celery worker` (the plain `Stack`, or with
+some celeryconfig settings overridden in the worker for what-if runs). `Rig.run` keeps a few
+`collect_chunk` tasks in flight and reads the stream into a learner-side ReplayBuffer, timing
+chunk arrivals and the CPU each process spent; `Rig.breakdown` times the parts of the worker's own
+`run_chunk` (collect, sync check, encode + XADD) in this process, with no Celery around it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+from celery import Celery
+
+from learner.replay import ReplayBuffer
+from pipeline.connect import connect
+from pipeline.dispatcher import TASK_NAME
+from pipeline.embedded import EmbeddedServer, LocalWorkers, Stack, _die_with_parent
+from pipeline.keys import RunKeys
+from pipeline.protocol import ChunkRequest
+from pipeline.stream import TransitionReader, transition_specs
+from pipeline.weights import WeightSource
+from pipeline.worker import WorkerRuntime
+
+ENV = "CartPole-v1"
+OBS_SHAPE, NUM_ACTIONS = (4,), 2
+# Celery logs this line per task; the runtime covers the task function (run_chunk) only.
+SUCCEEDED = re.compile(rb"Task clusterenv\.collect_chunk\[[^\]]+\] succeeded in ([0-9.eE+-]+)s")
+
+
+class TunedWorkers(LocalWorkers):
+    """LocalWorkers whose process overrides some `celeryconfig` settings before Celery reads them."""
+
+    def __init__(self, redis_url: str, log_path: Path, settings: dict[str, Any]):
+        super().__init__(redis_url, 1, log_path)
+        self.settings = settings
+
+    def _spawn(self, i: int, env: dict[str, str], log: Any) -> subprocess.Popen:
+        argv = [
+            "worker",
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            f"tuned{i}-{self.tag}@%h",
+        ]
+        boot = (
+            "import json, sys, celeryconfig\n"
+            "for k, v in json.loads(sys.argv[1]).items(): setattr(celeryconfig, k, v)\n"
+            "from tasks import app\n"
+            "app.worker_main(json.loads(sys.argv[2]))\n"
+        )
+        cmd = [sys.executable, "-c", boot, json.dumps(self.settings), json.dumps(argv)]
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+
+def _cpu_s(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+class Rig:
+    """Drives the one worker through Celery and reads its chunks like the learner does."""
+
+    def __init__(self, url: str, worker_pid: int, server_pid: int | None, log_path: Path):
+        self.url, self.log_path = url, log_path
+        self.client = connect(url)
+        self.worker = psutil.Process(worker_pid)
+        self.server = psutil.Process(server_pid) if server_pid else None
+        app = Celery("clusterenv-bench")
+        app.config_from_object("celeryconfig")
+        app.conf.broker_url = url
+        self.app = app
+        self._log_offset = 0
+
+    def _task_runtimes(self) -> list[float]:
+        """`succeeded in Xs` of the tasks the worker logged since the last call."""
+        data = self.log_path.read_bytes()
+        new, self._log_offset = data[self._log_offset :], len(data)
+        return [float(m) for m in SUCCEEDED.findall(new)]
+
+    def _cpu(self) -> tuple[float, float, float, float]:
+        server = _cpu_s(self.server) if self.server else float("nan")
+        return time.perf_counter(), _cpu_s(self.worker), time.process_time(), server
+
+    def run(
+        self,
+        weights: dict[str, np.ndarray],
+        num_envs: int,
+        steps: int,
+        chunks: int,
+        warmup: int,
+        epsilon: float,
+        seed: int,
+        in_flight: int,
+        timeout_s: float = 300.0,
+    ) -> dict[str, float]:
+        """Env steps/s from the arrival of chunk `warmup` to the last; ms and CPU ms per chunk."""
+        keys = RunKeys(f"bench-overhead-{uuid.uuid4().hex[:8]}")
+        WeightSource(self.client, keys).publish(weights)
+        reader = TransitionReader(
+            connect(self.url, blocking=True),
+            keys,
+            transition_specs(np.float32, OBS_SHAPE),
+            NUM_ACTIONS,
+        )
+        replay = ReplayBuffer(100_000, OBS_SHAPE, np.float32)
+        arrivals: list[float] = []
+
+        def sink(header: dict[str, Any], a: dict[str, np.ndarray]) -> None:
+            replay.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
+            arrivals.append(time.perf_counter())
+
+        template = {
+            "run_id": keys.run_id,
+            "env_id": ENV,
+            "num_envs": num_envs,
+            "steps": steps,
+            "seed": seed,
+            "epsilon": epsilon,
+            "sync": "on-change",
+        }
+        total, sent, start = warmup + chunks, 0, None
+        self._task_runtimes()
+        deadline = time.monotonic() + timeout_s
+        while reader.stats.chunks < total:
+            while sent < total and sent - reader.stats.chunks < in_flight:
+                req = ChunkRequest(chunk_id=sent, **template)
+                self.app.send_task(TASK_NAME, kwargs=req.to_json())
+                sent += 1
+            reader.poll(sink, block_ms=100)
+            if start is None and reader.stats.chunks >= warmup:
+                start = self._cpu()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {reader.stats.chunks} of {total} chunks arrived")
+        end = self._cpu()
+        self.client.set(keys.stop, 1, ex=600)
+        assert start is not None and reader.stats.duplicates == reader.stats.rejected == 0
+        assert replay.inserted == reader.stats.transitions
+        wall = arrivals[-1] - arrivals[warmup - 1]
+        runtimes = self._task_runtimes()[warmup:]
+        per_chunk = [1e3 * (b - a) / chunks for a, b in zip(start, end, strict=True)]
+        return {
+            "rate": chunks * num_envs * steps / wall,
+            "chunk_ms": 1e3 * wall / chunks,
+            "task_ms": 1e3 * statistics.fmean(runtimes) if runtimes else float("nan"),
+            "worker_cpu_ms": per_chunk[1],
+            "learner_cpu_ms": per_chunk[2],
+            "server_cpu_ms": per_chunk[3],
+        }
+
+    def breakdown(
+        self,
+        weights: dict[str, np.ndarray],
+        num_envs: int,
+        steps: int,
+        epsilon: float,
+        seed: int,
+        reps: int,
+    ) -> dict[str, float]:
+        """ms per chunk of the worker's own `run_chunk`, run here without Celery, and of its parts."""
+        keys = RunKeys(f"bench-overhead-parts-{uuid.uuid4().hex[:8]}")
+        WeightSource(self.client, keys).publish(weights)
+        runtime = WorkerRuntime(self.client, "bench-in-process")
+        template = {
+            "run_id": keys.run_id,
+            "env_id": ENV,
+            "num_envs": num_envs,
+            "steps": steps,
+            "seed": seed,
+            "epsilon": epsilon,
+            "sync": "on-change",
+        }
+        runtime.run_chunk(ChunkRequest(chunk_id=0, **template))  # creates the envs, fetches weights
+        state = runtime.runs[keys.run_id]
+        spent = {"collect": 0.0, "sync": 0.0, "write": 0.0}
+        for name, obj in (
+            ("collect", state.actor),
+            ("sync", state.weights),
+            ("write", state.writer),
+        ):
+            setattr(obj, name, _timed(getattr(obj, name), spent, name))
+        t0 = time.perf_counter()
+        for i in range(reps):
+            runtime.run_chunk(ChunkRequest(chunk_id=i + 1, **template))
+        total = time.perf_counter() - t0
+        state.actor.close()
+        self.client.delete(keys.stream)
+        parts = {f"{k}_ms": 1e3 * v / reps for k, v in spent.items()}
+        rest = 1e3 * total / reps - sum(parts.values())
+        return {"run_chunk_ms": 1e3 * total / reps, **parts, "other_ms": rest}
+
+
+def _timed(fn: Callable[..., Any], spent: dict[str, float], name: str) -> Callable[..., Any]:
+    """`fn`, adding its wall time to `spent[name]` on every call."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[name] += time.perf_counter() - t0
+
+    return wrapper
+
+
+@contextmanager
+def one_worker(log: Path, settings: dict[str, Any]) -> Iterator[Rig]:
+    """An embedded server and ONE local worker: the plain Stack unless settings are overridden."""
+    if not settings:
+        with Stack(None, workers=1, log_path=log) as stack:
+            assert stack.redis_url and stack.workers and stack.server
+            yield Rig(stack.redis_url, stack.workers.pids[0], stack.server.pid, log)
+        return
+    server = EmbeddedServer()
+    workers: TunedWorkers | None = None
+    try:
+        url = server.start()
+        workers = TunedWorkers(url, log, settings)
+        workers.start()
+        workers.wait_ready(connect(url), 1)
+        yield Rig(url, workers.pids[0], server.pid, log)
+    finally:
+        if workers is not None:
+            workers.stop()
+        server.stop()
