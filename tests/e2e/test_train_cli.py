@@ -149,23 +149,39 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, sig):
 @pytest.mark.slow
 def test_workers_on_a_given_broker_and_one_started_mid_run(redis_url, workers, tmp_path):
     proc = start_cli(
-        ["train", "--redis-url", redis_url, "--workers", "0", "--total-steps", "20000",
+        ["train", "--redis-url", redis_url, "--workers", "0", "--total-steps", "1000000",
          "--target-return", "1e9", "--run-dir", str(tmp_path)], uuid.uuid4().hex,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while not list(tmp_path.glob("*/metrics.jsonl")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    late = LocalWorkers(redis_url, 1, log_path=tmp_path / "late.log")
+        time.sleep(0.2)  # the run is going on
+    late_log = tmp_path / "late.log"
+    late = LocalWorkers(redis_url, 1, log_path=late_log)
     late.start()
     try:
-        _, err = proc.communicate(timeout=240)
+        # The late worker's own log shows it ran chunks of this run; then stop the run.
+        deadline = time.monotonic() + 120
+        while "clusterenv.collect_chunk" not in _text(late_log) or "succeeded" not in _text(
+            late_log
+        ):
+            assert proc.poll() is None and time.monotonic() < deadline, _text(late_log)[-2000:]
+            time.sleep(0.5)
+        time.sleep(1.0)  # let its chunks reach the learner
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
     finally:
         late.stop()
-    assert proc.returncode == 0, err
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
     names = list(summary["sync_per_worker"])
-    assert any(late.tag in n for n in names), names  # the late worker got chunks
+    assert any(late.tag in n for n in names), names  # the learner ingested the late worker's chunks
     assert len(names) == 3
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 @pytest.mark.parametrize(
