@@ -49,8 +49,13 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     head = "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + " |"
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    text = [all(isinstance(r.get(c), str) for r in rows) for c in columns]  # left-aligned
     body = [
-        "| " + " | ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) + " |"
+        "| "
+        + " | ".join(
+            v.ljust(w) if t else v.rjust(w) for v, w, t in zip(row, widths, text, strict=True)
+        )
+        + " |"
         for row in cells
     ]
     return "\n".join([head, rule, *body])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,9 +40,19 @@ ENV = "CartPole-v1"
 
 
 def clusterenv_run(
-    seed: int, budget: int, eval_every: int, episodes: int, target: float, extra: list[str]
+    seed: int,
+    budget: int,
+    eval_every: int,
+    episodes: int,
+    target: float,
+    extra: list[str],
+    max_wall_s: float,
 ) -> dict[str, Any]:
-    """One `clusterenv train` subprocess; wall time and env steps at its first eval >= target."""
+    """One `clusterenv train` subprocess; wall time and env steps at its first eval >= target.
+
+    A run still going after `max_wall_s` gets SIGTERM (the CLI stops its workers and server) and
+    counts as not solved, with the evals it logged so far.
+    """
     with tempfile.TemporaryDirectory(prefix="bench-tts-") as tmp:
         cmd = [
             sys.executable,
@@ -63,23 +74,34 @@ def clusterenv_run(
             *extra,
         ]
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        process_wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"clusterenv train failed ({proc.returncode}): {proc.stderr[-2000:]}"
-            )
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+            try:
+                proc.wait(timeout=max_wall_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+                timed_out = True
+            process_wall = time.perf_counter() - t0
+            err.seek(0)
+            stderr = err.read().decode(errors="replace")
+        if proc.returncode != 0 and not timed_out:
+            raise RuntimeError(f"clusterenv train failed ({proc.returncode}): {stderr[-2000:]}")
         (run_dir,) = [p for p in Path(tmp).iterdir() if p.is_dir()]
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary_path = run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     hit = next((r for r in evals if r["eval/return_mean"] >= target), None)
+    last = evals[-1] if evals else {"env_steps": 0, "wall_s": process_wall, "learner/updates": 0}
     return {
         "seed": seed,
         "solved": hit is not None,
-        "env_steps": hit["env_steps"] if hit else summary["env_steps"],
-        "wall_s": hit["wall_s"] if hit else summary["wall_s"],
+        "timed_out": timed_out,
+        "env_steps": (hit or last)["env_steps"] if hit or timed_out else summary["env_steps"],
+        "wall_s": (hit or last)["wall_s"] if hit or timed_out else summary["wall_s"],
         "process_wall_s": round(process_wall, 3),
-        "updates": hit["learner/updates"] if hit else summary["updates"],
+        "updates": (hit or last)["learner/updates"] if hit or timed_out else summary["updates"],
         "evals": [(r["env_steps"], r["wall_s"], r["eval/return_mean"]) for r in evals],
         "ingest_cpu_fraction": summary.get("ingest_cpu_fraction"),
     }
@@ -167,7 +189,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--clusterenv-args", default="", help="extra `clusterenv train` flags, e.g. '--workers 1'"
     )
+    p.add_argument(
+        "--max-wall",
+        type=float,
+        default=600.0,
+        help="seconds after which a clusterenv run is stopped and counts as not solved "
+        "(default: 600)",
+    )
     p.add_argument("--skip-sb3", action="store_true", help="run clusterenv only (no ratio then)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="FLAGS",
+        help="also run clusterenv with these extra flags per seed, reported as its own "
+        "system, e.g. --variant='--torch-threads 1' (repeatable)",
+    )
     p.add_argument(
         "--out",
         type=Path,
@@ -183,63 +220,72 @@ def main(argv: list[str] | None = None) -> int:
         episodes=args.eval_episodes,
         target=args.target,
     )
-
-    ours: list[dict[str, Any]] = []
-    theirs: list[dict[str, Any]] = []
-    for seed in seeds:  # interleaved, so a change in machine load hits both
-        ours.append(clusterenv_run(seed, **common, extra=args.clusterenv_args.split()))
-        print(f"seed {seed} clusterenv: {_fmt_run(ours[-1])}", flush=True)
-        if not args.skip_sb3:
-            theirs.append(sb3_run(seed, **common, threads=args.sb3_threads))
-            print(f"seed {seed} SB3 DQN:    {_fmt_run(theirs[-1])}", flush=True)
-
-    rows = []
-    for name, runs in (("clusterenv", ours), ("SB3 DQN", theirs)):
-        for r in runs:
-            rows.append(
-                {
-                    "system": name,
-                    "seed": r["seed"],
-                    "solved": "yes" if r["solved"] else "NO",
-                    "env steps": r["env_steps"],
-                    "wall s": r["wall_s"],
-                    "updates": r["updates"],
-                    "process wall s": r.get("process_wall_s"),
-                }
-            )
-    ce_wall, ce_steps = _solve_figures(ours)
-    summary: dict[str, Any] = {
-        "clusterenv_median_wall_s": ce_wall,
-        "clusterenv_median_env_steps": ce_steps,
+    systems = {"clusterenv": args.clusterenv_args.split()}
+    systems |= {
+        f"clusterenv {v}": [*args.clusterenv_args.split(), *v.split()] for v in args.variant
     }
-    medians = [{"system": "clusterenv", "median wall s": ce_wall, "median env steps": ce_steps}]
-    if theirs:
-        sb_wall, sb_steps = _solve_figures(theirs)
-        ratio = ce_wall / sb_wall if sb_wall not in (0, float("inf")) else float("nan")
-        summary |= {
-            "sb3_median_wall_s": sb_wall,
-            "sb3_median_env_steps": sb_steps,
-            "wall_ratio": ratio,
-            "target_met": ratio <= 0.5,
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    if not args.skip_sb3:
+        results["SB3 DQN"] = []
+    for seed in seeds:  # interleaved, so a change in machine load hits every system
+        for name, extra in systems.items():
+            results[name].append(
+                clusterenv_run(seed, **common, extra=extra, max_wall_s=args.max_wall)
+            )
+            print(f"seed {seed} {name}: {_fmt_run(results[name][-1])}", flush=True)
+        if not args.skip_sb3:
+            results["SB3 DQN"].append(sb3_run(seed, **common, threads=args.sb3_threads))
+            print(f"seed {seed} SB3 DQN: {_fmt_run(results['SB3 DQN'][-1])}", flush=True)
+
+    rows = [
+        {
+            "system": name,
+            "seed": r["seed"],
+            "solved": "yes" if r["solved"] else ("NO, timed out" if r.get("timed_out") else "NO"),
+            "env steps": r["env_steps"],
+            "wall s": r["wall_s"],
+            "updates": r["updates"],
+            "updates/s": r["updates"] / r["wall_s"] if r["wall_s"] else None,
+            "process wall s": r.get("process_wall_s"),
+        }
+        for name, runs in results.items()
+        for r in runs
+    ]
+    sb_wall = _solve_figures(results["SB3 DQN"])[0] if not args.skip_sb3 else float("nan")
+    summary: dict[str, Any] = {}
+    medians = []
+    for name, runs in results.items():
+        wall, steps = _solve_figures(runs)
+        ratio = wall / sb_wall if name != "SB3 DQN" and 0 < sb_wall < float("inf") else None
+        summary[name] = {
+            "median_wall_s": wall,
+            "median_env_steps": steps,
+            "wall_ratio_to_sb3": ratio,
+            "target_met": ratio is not None and ratio <= 0.5,
         }
         medians.append(
-            {"system": "SB3 DQN", "median wall s": sb_wall, "median env steps": sb_steps}
+            {
+                "system": name,
+                "median wall s": wall,
+                "median env steps": steps,
+                "wall / SB3 wall": ratio,
+                "≤0.5": "-"
+                if name == "SB3 DQN"
+                else ("yes" if ratio is not None and ratio <= 0.5 else "NO"),
+            }
         )
     print()
     print(table(rows, list(rows[0])))
     print()
-    print(table(medians, ["system", "median wall s", "median env steps"]))
-    if theirs:
-        print(
-            f"\nclusterenv median wall / SB3 median wall = {summary['wall_ratio']:.3f} (target <= 0.5)"
-        )
-    clean = {k: (None if v == float("inf") else v) for k, v in summary.items()}
+    print(table(medians, list(medians[0])))
+    clean = {
+        n: {k: (None if v == float("inf") else v) for k, v in d.items()} for n, d in summary.items()
+    }
     payload = {
         "args": vars(args) | {"out": str(args.out)},
         "rl_zoo_hyperparameters": RL_ZOO_CARTPOLE,
         "summary": clean,
-        "clusterenv": ours,
-        "sb3": theirs,
+        "runs": results,
     }
     path = write_results("time_to_solve", payload, args.out)
     print(f"\nwrote {path}")
@@ -247,7 +293,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fmt_run(r: dict[str, Any]) -> str:
-    state = "solved" if r["solved"] else "NOT solved"
+    state = (
+        "solved"
+        if r["solved"]
+        else "NOT solved" + (" (stopped at --max-wall)" if r.get("timed_out") else "")
+    )
     return f"{state} at {r['env_steps']} env steps, {r['wall_s']:.1f} s, {r['updates']} updates"
 
 
