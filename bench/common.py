@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -81,7 +82,7 @@ def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "benchmark": name,
-        "command": " ".join([Path(sys.executable).name, "-m", f"bench.{name}", *sys.argv[1:]]),
+        "command": shlex.join([Path(sys.executable).name, "-m", f"bench.{name}", *sys.argv[1:]]),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine() | {"loadavg_at_start": _LOAD_AT_START},
         **payload,
