@@ -69,7 +69,9 @@ class TrainConfig:
     # --- evaluation and output -----------------------------------------------------------------
     eval_every: int = _f(2_000, "env steps between greedy evaluations")
     eval_episodes: int = _f(10, "episodes per greedy evaluation (their mean is compared to target)")
-    torch_threads: int = _f(0, "torch threads for the learner (0: one per core, at most 2)")
+    # One thread: with two, torch's intra-op threads spin against the workers and any other
+    # process on a small machine; a contended learner was measured ~20× slower per update.
+    torch_threads: int = _f(1, "torch intra-op threads for the learner")
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -93,8 +95,8 @@ class TrainConfig:
             raise ValueError("--lr and --samples-per-insert must be positive")
         if not (0.0 <= self.eps_end <= self.eps_start <= 1.0):
             raise ValueError("need 0 <= --eps-end <= --eps-start <= 1")
-        if self.torch_threads < 0:
-            raise ValueError("--torch-threads must be >= 0")
+        if self.torch_threads < 1:
+            raise ValueError(f"--torch-threads must be >= 1, got {self.torch_threads}")
         if self.max_lag_versions < 0 or self.max_lag_seconds < 0:
             raise ValueError("--max-lag-versions and --max-lag-seconds must be >= 0")
         self.hidden_sizes()  # raises on a bad list
@@ -117,9 +119,6 @@ class TrainConfig:
         if self.workers is not None:
             return self.workers
         return 0 if self.redis_url else (os.cpu_count() or 1)
-
-    def learner_threads(self) -> int:
-        return self.torch_threads or min(2, os.cpu_count() or 1)
 
     def epsilon(self, env_steps: int) -> float:
         frac = min(1.0, env_steps / max(1, self.eps_decay_steps))

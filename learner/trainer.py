@@ -90,7 +90,7 @@ class Trainer:
         obs_space, act_space, threshold = env_spaces(cfg)
         self.target = cfg.target_return if cfg.target_return is not None else threshold
         self.num_actions = int(act_space.n)
-        torch.set_num_threads(cfg.learner_threads())
+        torch.set_num_threads(cfg.torch_threads)
         self.rng = np.random.default_rng(cfg.seed)
         self.keys = RunKeys(run_id)
         self.client = connect(redis_url)
