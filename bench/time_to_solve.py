@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="FLAGS",
         help="also run clusterenv with these extra flags per seed, reported as its own "
-        "system, e.g. --variant='--torch-threads 1' (repeatable)",
+        "system, e.g. --variant='--chunk-steps 128' (repeatable)",
     )
     p.add_argument(
         "--out",
