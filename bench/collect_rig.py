@@ -41,6 +41,14 @@ OBS_SHAPE, NUM_ACTIONS = (4,), 2
 SUCCEEDED = re.compile(rb"Task clusterenv\.collect_chunk\[[^\]]+\] succeeded in ([0-9.eE+-]+)s")
 
 
+def chunk_template(
+    run_id: str, num_envs: int, steps: int, seed: int, epsilon: float
+) -> dict[str, Any]:
+    """ChunkRequest fields every chunk of one measurement shares (all but the chunk id)."""
+    return {"run_id": run_id, "env_id": ENV, "num_envs": num_envs, "steps": steps,
+            "seed": seed, "epsilon": epsilon, "sync": "on-change"}  # fmt: skip
+
+
 class TunedWorkers(LocalWorkers):
     """LocalWorkers whose process overrides some `celeryconfig` settings before Celery reads them."""
 
@@ -133,15 +141,7 @@ class Rig:
             replay.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
             arrivals.append(time.perf_counter())
 
-        template = {
-            "run_id": keys.run_id,
-            "env_id": ENV,
-            "num_envs": num_envs,
-            "steps": steps,
-            "seed": seed,
-            "epsilon": epsilon,
-            "sync": "on-change",
-        }
+        template = chunk_template(keys.run_id, num_envs, steps, seed, epsilon)
         total, sent, start = warmup + chunks, 0, None
         self._task_runtimes()
         deadline = time.monotonic() + timeout_s
@@ -184,15 +184,7 @@ class Rig:
         keys = RunKeys(f"bench-overhead-parts-{uuid.uuid4().hex[:8]}")
         WeightSource(self.client, keys).publish(weights)
         runtime = WorkerRuntime(self.client, "bench-in-process")
-        template = {
-            "run_id": keys.run_id,
-            "env_id": ENV,
-            "num_envs": num_envs,
-            "steps": steps,
-            "seed": seed,
-            "epsilon": epsilon,
-            "sync": "on-change",
-        }
+        template = chunk_template(keys.run_id, num_envs, steps, seed, epsilon)
         runtime.run_chunk(ChunkRequest(chunk_id=0, **template))  # creates the envs, fetches weights
         state = runtime.runs[keys.run_id]
         spent = {"collect": 0.0, "sync": 0.0, "write": 0.0}
