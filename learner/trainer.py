@@ -258,13 +258,14 @@ class Trainer:
                         break
                     if self._finished_collecting() and not trained:
                         break
-                bar.n = min(self.env_steps, cfg.total_steps)
-                bar.set_postfix(
-                    sps=f"{self.env_steps / max(1e-9, time.perf_counter() - t0):.0f}",
-                    eval=f"{last_eval:.0f}", v=self.source.version,
-                    fetches=self.sync_totals().get("weight_fetches", 0), refresh=False,
-                )  # fmt: skip
-                bar.refresh() if interactive else None
+                if interactive:  # the postfix sums every worker's counters: only for a bar
+                    bar.n = min(self.env_steps, cfg.total_steps)
+                    bar.set_postfix(
+                        sps=f"{self.env_steps / max(1e-9, time.perf_counter() - t0):.0f}",
+                        eval=f"{last_eval:.0f}", v=self.source.version,
+                        fetches=self.sync_totals().get("weight_fetches", 0), refresh=False,
+                    )  # fmt: skip
+                    bar.refresh()
                 if not trained:
                     time.sleep(0.002)
         except KeyboardInterrupt:

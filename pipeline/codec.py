@@ -80,6 +80,20 @@ def decode_header(fields: Mapping[bytes, bytes]) -> dict[str, Any]:
     return header
 
 
+def _described_array(name: str, desc: Any) -> tuple[np.dtype, list[int]]:
+    """dtype and shape of one header `arrays` entry: an allowed dtype, non-negative int dims."""
+    if not isinstance(desc, dict):
+        raise CodecError(f"array {name!r}: description is not an object")
+    dtype, shape = desc.get("dtype"), desc.get("shape")
+    if dtype not in ALLOWED_DTYPES:
+        raise CodecError(f"array {name!r}: dtype {dtype!r} cannot travel")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise CodecError(f"array {name!r}: bad shape {shape!r}")
+    return np.dtype(dtype), shape
+
+
 def decode_chunk(
     fields: Mapping[bytes, bytes], expected: Mapping[str, ArraySpec]
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -92,17 +106,10 @@ def decode_chunk(
     arrays: dict[str, np.ndarray] = {}
     rows: int | None = None
     for name, spec in expected.items():
-        desc = described[name]
-        if not isinstance(desc, dict):
-            raise CodecError(f"array {name!r}: description is not an object")
-        dtype, shape = desc.get("dtype"), desc.get("shape")
-        if dtype != spec.dtype:
-            raise CodecError(f"array {name!r}: dtype {dtype!r}, expected {spec.dtype!r}")
-        if (
-            not isinstance(shape, list)
-            or not shape
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-        ):
+        np_dtype, shape = _described_array(name, described[name])
+        if np_dtype.str != spec.dtype:
+            raise CodecError(f"array {name!r}: dtype {np_dtype.str!r}, expected {spec.dtype!r}")
+        if not shape:
             raise CodecError(f"array {name!r}: bad shape {shape!r}")
         if tuple(shape[1:]) != spec.row_shape:
             raise CodecError(
@@ -117,8 +124,7 @@ def decode_chunk(
         raw = fields.get(ARRAY_FIELD_PREFIX + name.encode())
         if raw is None:
             raise CodecError(f"array {name!r}: bytes missing")
-        np_dtype = np.dtype(dtype)
-        want = int(np.prod(shape)) * np_dtype.itemsize
+        want = math.prod(shape) * np_dtype.itemsize
         if len(raw) != want:
             raise CodecError(f"array {name!r}: {len(raw)} bytes, header promises {want}")
         arrays[name] = np.frombuffer(raw, dtype=np_dtype).reshape(shape)
@@ -167,14 +173,7 @@ def unpack_message(blob: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     view = memoryview(blob)
     arrays: dict[str, np.ndarray] = {}
     for name, desc in header["arrays"].items():
-        dtype, shape = (desc.get("dtype"), desc.get("shape")) if isinstance(desc, dict) else (0, 0)
-        if dtype not in ALLOWED_DTYPES:
-            raise CodecError(f"array {name!r}: dtype {dtype!r} cannot travel")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise CodecError(f"array {name!r}: bad shape {shape!r}")
-        np_dtype = np.dtype(dtype)
+        np_dtype, shape = _described_array(name, desc)
         size = math.prod(shape) * np_dtype.itemsize
         if offset + size > len(blob):
             raise CodecError(f"array {name!r}: {size} bytes promised, message too short")

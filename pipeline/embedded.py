@@ -57,14 +57,7 @@ class LocalWorkers:
         self.tag = uuid.uuid4().hex[:6]
 
     def start(self) -> None:
-        env = {**os.environ, "CLUSTERENV_REDIS_URL": self.redis_url}
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        try:
-            for i in range(self.count):
-                self.procs.append(self._spawn(i, env, log))
-        finally:
-            if self.log_path:
-                log.close()
+        self.add(self.count)
 
     def _spawn(self, i: int, env: dict[str, str], log) -> subprocess.Popen:
         cmd = [

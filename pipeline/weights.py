@@ -41,7 +41,6 @@ class WeightSource:
         self.version = -1
         self.reference_version = -1
         self.reference: np.ndarray | None = None
-        self.bytes_published = 0
 
     def publish_reference(self, states: np.ndarray) -> int:
         """Store a new batch of reference states; later probes are computed on it."""
@@ -72,7 +71,6 @@ class WeightSource:
         if old >= 0:
             pipe.delete(self.keys.weights(old), self.keys.probe(old))
         pipe.execute()
-        self.bytes_published += len(blob)
         return self.version
 
 
