@@ -96,7 +96,7 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 def train(cfg: TrainConfig) -> int:
     from learner.trainer import Trainer, env_spaces
     from pipeline.connect import RedisUnreachable, connect
-    from pipeline.embedded import Stack, alive_worker_processes
+    from pipeline.embedded import Stack
 
     try:
         cfg.validate()
@@ -106,13 +106,15 @@ def train(cfg: TrainConfig) -> int:
     run_id = f"{cfg.env.replace('/', '_')}__s{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     run_dir = Path(cfg.run_dir) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    # SIGTERM takes the same clean path as Ctrl-C: workers and the embedded server are stopped.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    # SIGTERM and SIGHUP (a closed terminal) take the same clean path as Ctrl-C: workers and
+    # the embedded server are stopped. The server has no parent-death signal of its own.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_keyboard_interrupt)
     try:
         with Stack(cfg.redis_url, cfg.local_workers(), log_path=run_dir / "workers.log") as stack:
             url = stack.redis_url
             assert url is not None
-            _wait_for_workers(connect(url), url, alive_worker_processes)
+            _wait_for_workers(connect(url), url)
             print(f"run {run_id}: broker {url}, run dir {run_dir}", file=sys.stderr)
             result = Trainer(cfg, url, run_dir, run_id).run()
     except RedisUnreachable as exc:
@@ -129,15 +131,17 @@ def train(cfg: TrainConfig) -> int:
     return 0
 
 
-def _wait_for_workers(client, url: str, count_alive, timeout_s: float = 600.0) -> None:
-    if count_alive(client) > 0:
+def _wait_for_workers(client, url: str, timeout_s: float = 600.0) -> None:
+    from pipeline.embedded import alive_worker_processes
+
+    if alive_worker_processes(client) > 0:
         return
     print(
         f"waiting for workers on {url}; start one with:\n  {WORKER_HINT.format(url=url)}",
         file=sys.stderr,
     )
     deadline = time.monotonic() + timeout_s
-    while count_alive(client) == 0:
+    while alive_worker_processes(client) == 0:
         if time.monotonic() > deadline:
             raise CliError(f"no worker attached to {url} within {timeout_s:.0f} s")
         time.sleep(0.5)

@@ -124,7 +124,7 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_stops_the_run_cleanly(tmp_path, sig):
     mark = uuid.uuid4().hex
     proc = start_cli(
