@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--out", type=Path, default=Path("report"), help="output folder (default: report)"
     )
+    report.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="return that counts as solved in the steps-to-target column "
+        "(default: each run's own --target-return)",
+    )
     return parser
 
 
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             from pipeline.report import write_report
 
             try:
-                print(write_report(args.run_dirs, args.out))
+                print(write_report(args.run_dirs, args.out, args.target))
             except ValueError as exc:
                 raise CliError(str(exc)) from None
             print(f"plots and report.md in {args.out}", file=sys.stderr)

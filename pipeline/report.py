@@ -40,20 +40,23 @@ def _band(ax, runs: list[dict], x_key: str, y_key: str, label: str) -> None:
     ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=line.get_color(), alpha=0.2)
 
 
-def first_solve(run: dict[str, Any]) -> tuple[int | None, float | None]:
-    target = run["summary"].get("target_return")
+def first_solve(
+    run: dict[str, Any], target: float | None = None
+) -> tuple[int | None, float | None]:
+    """Env steps and wall seconds of the first eval at or above `target` (default: the run's)."""
+    target = run["summary"].get("target_return") if target is None else target
     for r in run["rows"]:
         if target is not None and r["eval/return_mean"] >= target:
             return r["env_steps"], r["wall_s"]
     return None, None
 
 
-def headline(groups: dict[str, list[dict]]) -> str:
+def headline(groups: dict[str, list[dict]], target: float | None = None) -> str:
     cols = ["sync rule", "runs", "solved", "median steps to target", "median wall s to target",
             "best eval", "weight MB/worker", "fetches/worker", "probe MB/worker", "lag updates mean/p95"]  # fmt: skip
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for rule, runs in groups.items():
-        solves = [first_solve(r) for r in runs]
+        solves = [first_solve(r, target) for r in runs]
         steps = [s for s, _ in solves if s is not None]
         walls = [w for _, w in solves if w is not None]
         per_worker = [max(1, len(r["summary"]["sync_per_worker"])) for r in runs]
@@ -77,8 +80,12 @@ def headline(groups: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
-def write_report(run_dirs: list[Path], out: Path) -> str:
-    """Write eval/bytes/lag plots and report.md into `out`; returns the markdown table."""
+def write_report(run_dirs: list[Path], out: Path, target: float | None = None) -> str:
+    """Write eval/bytes/lag plots and report.md into `out`; returns the markdown table.
+
+    `target` overrides each run's own target return in the steps-to-target column, for runs that
+    trained a fixed budget (`--target-return 1e9`) such as the bench/sync_policies grid.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,7 +113,7 @@ def write_report(run_dirs: list[Path], out: Path) -> str:
         fig.tight_layout()
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
-    md = headline(groups)
+    md = headline(groups, target)
     images = "\n".join(f"![{n}]({n})" for n, *_ in plots)
     (out / "report.md").write_text(f"# clusterenv report\n\n{md}\n\n{images}\n")
     return md

@@ -57,6 +57,15 @@ def test_report_writes_plots_and_a_table(tmp_path):
     assert "report.md" in {p.name for p in out.iterdir()}
 
 
+def test_target_overrides_each_runs_own(tmp_path):
+    # ret = step / 100 below the solve step: 40.0 at 4000, 60.0 at 6000 ...
+    runs = [fake_run(tmp_path, "a1", "on-change", 99999, 40)]
+    line = write_report(runs, tmp_path / "own").splitlines()[-1]
+    assert "| 0/1 | - |" in line
+    line = write_report(runs, tmp_path / "lower", target=55.0).splitlines()[-1]
+    assert "| 1/1 | 6000 |" in line
+
+
 def test_report_of_a_non_run_is_a_one_line_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "not a finished run directory" in capsys.readouterr().err
