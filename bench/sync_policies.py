@@ -119,7 +119,21 @@ def pareto(rows: list[dict[str, Any]]) -> set[str]:
     return front
 
 
-def plot(summaries: dict[str, list[dict[str, Any]]], path: Path) -> None:
+FAMILIES = {  # rule family -> (marker, colour) in the trade-off plot
+    "always": ("s", "tab:grey"), "on-change": ("D", "tab:brown"), "interval": ("o", "tab:blue"),
+    "aps:value": ("^", "tab:red"), "aps:tv": ("v", "tab:green"), "aps:kl": ("<", "tab:purple"),
+}  # fmt: skip
+
+
+def family(rule: str) -> str:
+    parts = rule.split(":")
+    return f"aps:{parts[2] if len(parts) > 2 else 'value'}" if parts[0] == "aps" else parts[0]
+
+
+def plot(
+    summaries: dict[str, list[dict[str, Any]]], runs: list[dict[str, Any]], path: Path
+) -> None:
+    """Median steps vs median bytes per rule (outlined: Pareto front), each seed as a faint dot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,16 +141,25 @@ def plot(summaries: dict[str, list[dict[str, Any]]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(summaries), figsize=(6.5 * len(summaries), 5), squeeze=False)
     for ax, (env, rows) in zip(axes[0], summaries.items(), strict=True):
+        censored = ENVS[env]["budget"] * 1.05
         for r in rows:
+            marker, colour = FAMILIES[family(r["rule"])]
+            seeds = [o for o in runs if o["env"] == env and o["rule"] == r["rule"]]
+            ax.scatter(
+                [o["weight_bytes_per_worker"] / 1e6 + o["probe_bytes_per_worker"] / 1e6 for o in seeds],
+                [o["steps_to_solve"] or censored for o in seeds],
+                marker=marker, s=14, color=colour, alpha=0.3, linewidths=0,
+            )  # fmt: skip
             x = r["weight_MB_per_worker"] + r["probe_MB_per_worker"]
-            y = r["median_steps"] if r["median_steps"] != math.inf else ENVS[env]["budget"] * 1.05
-            kind = r["rule"].split(":")[0]
-            marker = {"always": "s", "on-change": "D", "interval": "o", "aps": "^"}[kind]
-            ax.scatter(x, y, marker=marker, s=60, edgecolors="k" if r["pareto"] else "none")
+            y = r["median_steps"] if r["median_steps"] != math.inf else censored
+            ax.scatter(x, y, marker=marker, s=70, color=colour,
+                       edgecolors="k" if r["pareto"] else "none", linewidths=1.5)  # fmt: skip
             ax.annotate(r["rule"], (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
         ax.set_xscale("log")
-        ax.set_xlabel("weight + probe MB per worker (median over seeds, log)")
-        ax.set_ylabel("median env steps to solved level (above the line: not solved)")
+        ax.set_xlabel(
+            "weight + probe MB per worker (log; big: median over seeds, faint: each seed)"
+        )
+        ax.set_ylabel("env steps to the solved level (at the top: not solved)")
         ax.axhline(ENVS[env]["budget"], color="grey", lw=0.5)
         ax.set_title(f"{env}: bytes vs sample efficiency (outlined: Pareto front)")
     fig.tight_layout()
@@ -192,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(table(rows, list(rows[0])))
     write_results("sync_policies", {"summary": summaries, "runs": runs}, args.out)
-    plot(summaries, args.plot)
+    plot(summaries, runs, args.plot)
     print(f"\nplot: {args.plot}")
     return 0
 
