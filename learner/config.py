@@ -11,6 +11,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from pipeline.sync import DEFAULT_SYNC, SYNC_HELP
+
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
@@ -41,10 +43,7 @@ class TrainConfig:
     )
     envs_per_worker: int = _f(8, "vectorized envs each worker process steps")
     chunk_steps: int = _f(32, "steps per env in one chunk (a chunk has envs_per_worker × this)")
-    sync: str = _f(
-        "on-change",
-        "weight sync rule: always | on-change | interval:N (env steps) | aps:TOL[:value|tv|kl]",
-    )
+    sync: str = _f(DEFAULT_SYNC, f"weight sync rule: {SYNC_HELP}")
     max_lag_versions: int = _f(0, "aps guard: fetch when this many versions behind (0: off)")
     max_lag_seconds: float = _f(0.0, "aps guard: fetch when the held policy is this old (0: off)")
     reference_size: int = _f(256, "reference states the probes are computed on")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Self
 
+from pipeline.sync import DEFAULT_SYNC
+
 
 class TaskArgs:
     """For dataclass task arguments: `to_json` out; `from_json` refuses unknown fields, then `check`s."""
@@ -36,7 +38,7 @@ class ChunkRequest(TaskArgs):
     steps: int
     seed: int
     epsilon: float
-    sync: str = "on-change"
+    sync: str = DEFAULT_SYNC
     max_lag_versions: int = 0
     max_lag_s: float = 0.0
     env_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -91,6 +91,9 @@ class Aps:
 
 
 SYNC_HELP = "always | on-change | interval:N (env steps) | aps:TOL[:value|tv|kl]"
+# From bench/sync_policies (docs/benchmarks.md): the one setting on the bytes-vs-steps Pareto
+# front for both CartPole-v1 and Acrobot-v1, at 1/11 to 1/20 of on-change's weight bytes.
+DEFAULT_SYNC = "aps:0.01"
 
 
 def parse_sync(spec: str, max_lag_versions: int = 0, max_lag_s: float = 0.0) -> SyncRule:
