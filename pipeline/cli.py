@@ -114,9 +114,11 @@ def train(cfg: TrainConfig) -> int:
     run_dir = Path(cfg.run_dir) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     # SIGTERM and SIGHUP (a closed terminal) take the same clean path as Ctrl-C: workers and
-    # the embedded server are stopped. The server has no parent-death signal of its own.
+    # the embedded server are stopped. The server has no parent-death signal of its own. A signal
+    # the run was started ignoring (`nohup` ignores SIGHUP) stays ignored, as the caller asked.
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_keyboard_interrupt)
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _raise_keyboard_interrupt)
     try:
         with Stack(cfg.redis_url, cfg.local_workers(), log_path=run_dir / "workers.log") as stack:
             url = stack.redis_url
