@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from bench.common import RESULTS_DIR, median, table, write_results
-from learner.metrics import read_metrics
+from pipeline.report import first_solve, load_run
+from pipeline.sync import Aps, parse_sync
 
 # tv and kl tolerances are paired: with two actions a greedy flip costs (1-ε) in tv and about
 # 3.7 nats in kl at ε = 0.04, so tv 0.1 / 0.3 fire at about the flip rates kl 0.3 / 1 do.
@@ -57,11 +58,9 @@ def run_one(env: str, rule: str, seed: int, runs_dir: Path) -> dict[str, Any]:
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
     (run_dir,) = [p for p in parent.iterdir() if p.is_dir()]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    rows = read_metrics(run_dir / "metrics.jsonl")
-    solved_at = next(
-        (r["env_steps"] for r in rows if r["eval/return_mean"] >= spec["solved"]), None
-    )
+    run = load_run(run_dir)
+    summary, rows = run["summary"], run["rows"]
+    solved_at, _ = first_solve(run, spec["solved"])
     sync = summary["sync_total"]
     return {
         "env": env, "rule": rule, "seed": seed, "run_dir": str(run_dir),
@@ -125,9 +124,10 @@ FAMILIES = {  # rule family -> (marker, colour) in the trade-off plot
 }  # fmt: skip
 
 
-def family(rule: str) -> str:
-    parts = rule.split(":")
-    return f"aps:{parts[2] if len(parts) > 2 else 'value'}" if parts[0] == "aps" else parts[0]
+def family(spec: str) -> str:
+    """`aps:<divergence>` for APS rules, else the rule's name: what the plot colours by."""
+    rule = parse_sync(spec)
+    return f"aps:{rule.divergence}" if isinstance(rule, Aps) else spec.split(":")[0]
 
 
 def plot(
