@@ -34,3 +34,10 @@ task_track_started = True
 
 worker_hijack_root_logger = False
 worker_concurrency = int(os.environ.get("CLUSTERENV_WORKER_CONCURRENCY", "0")) or None
+
+# clusterenv's own worker settings (read by tasks/; Celery ignores names it does not know).
+# A worker announces itself this often, and counts as gone once its key is this old.
+clusterenv_heartbeat_every_s = float(os.environ.get("CLUSTERENV_HEARTBEAT_EVERY_S", "2"))
+clusterenv_heartbeat_ttl_s = float(os.environ.get("CLUSTERENV_HEARTBEAT_TTL_S", "6"))
+# Runs whose envs one worker process keeps alive at once; the least recently served is closed.
+clusterenv_max_cached_runs = int(os.environ.get("CLUSTERENV_MAX_CACHED_RUNS", "2"))

@@ -23,17 +23,16 @@ from typing import Any
 
 import numpy as np
 import psutil
-from celery import Celery
 
 from learner.replay import ReplayBuffer
+from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from pipeline.chunks.runtime import WorkerRuntime
+from pipeline.chunks.stream import StreamReader, transition_specs
+from pipeline.cluster.celery_client import celery_client
+from pipeline.cluster.embedded import EmbeddedServer, LocalWorkers, Stack, _die_with_parent
 from pipeline.connect import connect
-from pipeline.dispatcher import TASK_NAME
-from pipeline.embedded import EmbeddedServer, LocalWorkers, Stack, _die_with_parent
 from pipeline.keys import RunKeys
-from pipeline.protocol import ChunkRequest
-from pipeline.stream import TransitionReader, transition_specs
-from pipeline.weights import WeightSource
-from pipeline.worker import WorkerRuntime
+from pipeline.sync.source import RedisWeightSource
 
 ENV = "CartPole-v1"
 OBS_SHAPE, NUM_ACTIONS = (4,), 2
@@ -97,10 +96,7 @@ class Rig:
         self.client = connect(url)
         self.worker = psutil.Process(worker_pid)
         self.server = psutil.Process(server_pid) if server_pid else None
-        app = Celery("clusterenv-bench")
-        app.config_from_object("celeryconfig")
-        app.conf.broker_url = url
-        self.app = app
+        self.app = celery_client(url, "clusterenv-bench")
         self._log_offset = 0
 
     def _task_runtimes(self) -> list[float]:
@@ -127,8 +123,8 @@ class Rig:
     ) -> dict[str, float]:
         """Env steps/s from the arrival of chunk `warmup` to the last; ms and CPU ms per chunk."""
         keys = RunKeys(f"bench-overhead-{uuid.uuid4().hex[:8]}")
-        WeightSource(self.client, keys).publish(weights)
-        reader = TransitionReader(
+        RedisWeightSource(self.client, keys).publish(weights)
+        reader = StreamReader(
             connect(self.url, blocking=True),
             keys,
             transition_specs(np.float32, OBS_SHAPE),
@@ -148,7 +144,7 @@ class Rig:
         while reader.stats.chunks < total:
             while sent < total and sent - reader.stats.chunks < in_flight:
                 req = ChunkRequest(chunk_id=sent, **template)
-                self.app.send_task(TASK_NAME, kwargs=req.to_json())
+                self.app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
                 sent += 1
             reader.poll(sink, block_ms=100)
             if start is None and reader.stats.chunks >= warmup:
@@ -182,11 +178,12 @@ class Rig:
     ) -> dict[str, float]:
         """ms per chunk of the worker's own `run_chunk`, run here without Celery, and of its parts."""
         keys = RunKeys(f"bench-overhead-parts-{uuid.uuid4().hex[:8]}")
-        WeightSource(self.client, keys).publish(weights)
+        RedisWeightSource(self.client, keys).publish(weights)
         runtime = WorkerRuntime(self.client, "bench-in-process")
         template = chunk_template(keys.run_id, num_envs, steps, seed, epsilon)
         runtime.run_chunk(ChunkRequest(chunk_id=0, **template))  # creates the envs, fetches weights
-        state = runtime.runs[keys.run_id]
+        state = runtime.runs.get(keys.run_id)
+        assert state is not None
         spent = {"collect": 0.0, "sync": 0.0, "write": 0.0}
         for name, obj in (
             ("collect", state.actor),

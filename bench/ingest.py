@@ -2,7 +2,7 @@
 
 A stream on an embedded server is pre-filled with chunks of CartPole-sized transitions encoded by
 `pipeline.codec.encode_chunk` with the header fields workers write. The full path is
-`TransitionReader.poll()` into a `learner.replay.ReplayBuffer` (read, decode, validate, dedupe,
+`StreamReader.poll()` into a `learner.replay.ReplayBuffer` (read, decode, validate, dedupe,
 insert, ack + delete); the bare path is XREADGROUP + np.frombuffer + XACK only. Optionally, one
 `clusterenv train` run gives the ingest thread's CPU share of the learner's wall time.
 """
@@ -24,11 +24,11 @@ import redis
 
 from bench.common import mark_start, median, table, write_results
 from learner.replay import ReplayBuffer
+from pipeline.chunks.stream import StreamReader, check_content, transition_specs
+from pipeline.cluster.embedded import EmbeddedServer
 from pipeline.codec import decode_chunk, encode_chunk
 from pipeline.connect import connect
-from pipeline.embedded import EmbeddedServer
 from pipeline.keys import ARRAY_FIELD_PREFIX, RunKeys
-from pipeline.stream import TransitionReader, check_content, transition_specs
 
 OBS_SHAPE, NUM_ACTIONS = (4,), 2
 SPECS = transition_specs(np.float32, OBS_SHAPE)
@@ -82,8 +82,8 @@ def prefill(client: redis.Redis, keys: RunKeys, chunks: list[dict[bytes, bytes]]
 
 
 def full_path(url: str, keys: RunKeys, total: int, rows: int, count: int) -> dict[str, float]:
-    """TransitionReader.poll into a ReplayBuffer until `total` chunks are in; transitions/s."""
-    reader = TransitionReader(connect(url, blocking=True), keys, SPECS, NUM_ACTIONS)
+    """StreamReader.poll into a ReplayBuffer until `total` chunks are in; transitions/s."""
+    reader = StreamReader(connect(url, blocking=True), keys, SPECS, NUM_ACTIONS)
     replay = ReplayBuffer(100_000, OBS_SHAPE, np.float32)
 
     def sink(header: dict[str, Any], a: dict[str, np.ndarray]) -> None:
@@ -141,7 +141,7 @@ def parts(chunks: list[dict[bytes, bytes]], run_id: str, rows: int) -> dict[str,
 def train_share(seed: int, extra: list[str]) -> dict[str, Any]:
     """One default `clusterenv train` run; the ingest thread's CPU time over learner wall time."""
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        cmd = [sys.executable, "-m", "pipeline.cli", "train", "--seed", str(seed), "--run-dir", tmp]
+        cmd = [sys.executable, "-m", "learner.cli", "train", "--seed", str(seed), "--run-dir", tmp]
         t0 = time.perf_counter()
         subprocess.run([*cmd, *extra], check=True, stdout=subprocess.DEVNULL)
         process_wall = time.perf_counter() - t0

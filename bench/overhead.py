@@ -21,7 +21,7 @@ import numpy as np
 
 from bench.collect_rig import ENV, NUM_ACTIONS, OBS_SHAPE, one_worker
 from bench.common import mark_start, median, table, write_results
-from pipeline.actor import Actor, env_seeds, make_vector_env
+from pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from pipeline.policy import NumpyMLP, epsilon_greedy
 
 TARGET = 0.85

@@ -30,11 +30,12 @@ import numpy as np
 
 from bench.common import table, write_results
 from bench.envs import SLOW_CARTPOLE
+from pipeline.cluster.celery_client import celery_client
+from pipeline.cluster.embedded import Stack
 from pipeline.connect import connect
-from pipeline.embedded import Stack
 from pipeline.keys import celery_echo
 from pipeline.remote_env import RemoteVectorEnv
-from pipeline.shard_client import celery_client
+from pipeline.remote_env.messages import ECHO_TASK
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = "CartPole-v1"
@@ -87,7 +88,7 @@ def celery_round_trip(url: str, samples: int) -> dict[str, float]:
         for i in range(samples + 10):
             token = uuid.uuid4().hex
             t0 = time.perf_counter()
-            app.send_task("clusterenv.echo", args=[token])
+            app.send_task(ECHO_TASK, args=[token])
             if client.blpop([celery_echo(token)], timeout=10) is None:
                 raise TimeoutError("no worker answered clusterenv.echo within 10 s")
             if i >= 10:

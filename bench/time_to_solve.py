@@ -57,7 +57,7 @@ def clusterenv_run(
         cmd = [
             sys.executable,
             "-m",
-            "pipeline.cli",
+            "learner.cli",
             "train",
             "--seed",
             str(seed),

@@ -1,4 +1,8 @@
-"""Double DQN: a Q-network, its target copy, and one gradient step on a replay minibatch."""
+"""Double DQN: a Q-network, its target copy, and one gradient step on a replay minibatch.
+
+`DQNLearner.step()` is one update on a minibatch sampled from replay, when the rate limiter
+allows it; `update(batch)` is the math alone.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,10 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 from torch import nn
+
+from learner.config import DQNConfig
+from learner.rate_limiter import RateLimiter
+from learner.replay import ReplayBuffer
 
 
 class QNetwork(nn.Module):
@@ -31,32 +39,41 @@ class QNetwork(nn.Module):
 
 
 class DQNLearner:
-    """Online and target Q-networks with Adam; `step(batch)` is one Double-DQN update."""
+    """Online and target Q-networks with Adam, trained on minibatches from replay."""
 
     def __init__(
         self,
         obs_dim: int,
         num_actions: int,
-        hidden: list[int],
-        lr: float,
-        gamma: float,
-        target_update_every: int,
-        max_grad_norm: float,
+        cfg: DQNConfig,
+        replay: ReplayBuffer,
+        limiter: RateLimiter,
         seed: int,
     ):
         torch.manual_seed(seed)
+        hidden = cfg.hidden_sizes()
         self.q = QNetwork(obs_dim, num_actions, hidden)
         self.target = QNetwork(obs_dim, num_actions, hidden)
         self.target.load_state_dict(self.q.state_dict())
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=lr, fused=True)
-        self.gamma = gamma
-        self.target_update_every = target_update_every
-        self.max_grad_norm = max_grad_norm
+        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.lr, fused=True)
+        self.cfg, self.replay, self.limiter = cfg, replay, limiter
+        self.rng = np.random.default_rng(seed)
         self.updates = 0
+        self.last_loss = float("nan")
         self._params = list(self.q.parameters())
 
-    def step(self, batch: Mapping[str, np.ndarray]) -> float:
+    def step(self) -> bool:
+        """One update on a replay minibatch if the rate limiter allows one; whether it ran."""
+        if not self.limiter.can_sample(self.cfg.batch_size):
+            return False
+        batch = self.replay.sample(self.cfg.batch_size, self.rng)
+        self.last_loss = self.update(batch)
+        self.limiter.on_sample(self.cfg.batch_size)
+        return True
+
+    def update(self, batch: Mapping[str, np.ndarray]) -> float:
+        """One Double-DQN gradient step on `batch`; returns the Huber TD loss."""
         obs = torch.from_numpy(batch["obs"]).float()
         next_obs = torch.from_numpy(batch["next_obs"]).float()
         action = torch.from_numpy(batch["action"])
@@ -69,15 +86,15 @@ class DQNLearner:
         with torch.no_grad():
             next_action = q_all[n:].argmax(dim=1, keepdim=True)
             next_q = self.target(next_obs).gather(1, next_action).squeeze(1)
-            td_target = reward + self.gamma * (1.0 - terminated) * next_q
+            td_target = reward + self.cfg.gamma * (1.0 - terminated) * next_q
         q_taken = q_all[:n].gather(1, action.unsqueeze(1)).squeeze(1)
         loss = nn.functional.smooth_l1_loss(q_taken, td_target)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        nn.utils.clip_grad_norm_(self._params, self.max_grad_norm, foreach=True)
+        nn.utils.clip_grad_norm_(self._params, self.cfg.max_grad_norm, foreach=True)
         self.optimizer.step()
         self.updates += 1
-        if self.updates % self.target_update_every == 0:
+        if self.updates % self.cfg.target_update_every == 0:
             self.target.load_state_dict(self.q.state_dict())
         return float(loss.detach())
 
@@ -85,13 +102,7 @@ class DQNLearner:
         return self.q.get_weights()
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Everything a checkpoint needs to resume: both networks (safetensors-ready)."""
+        """Both networks, safetensors-ready (the final checkpoint)."""
         out = {f"q.{k}": v.detach().clone() for k, v in self.q.state_dict().items()}
         out.update({f"target.{k}": v.detach().clone() for k, v in self.target.state_dict().items()})
         return out
-
-    def load_state_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        self.q.load_state_dict({k[2:]: v for k, v in tensors.items() if k.startswith("q.")})
-        self.target.load_state_dict(
-            {k[7:]: v for k, v in tensors.items() if k.startswith("target.")}
-        )

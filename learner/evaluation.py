@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.actor import make_vector_env
+from pipeline.chunks.actor import make_vector_env
 from pipeline.policy import NumpyMLP
 
 

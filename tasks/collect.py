@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from pipeline.chunks.runtime import WorkerRuntime
 from pipeline.connect import connect
-from pipeline.protocol import ChunkRequest
-from pipeline.worker import WorkerRuntime
 from tasks.app import app
 
 _runtime: WorkerRuntime | None = None
@@ -18,11 +18,13 @@ def runtime(hostname: str) -> WorkerRuntime:
     global _runtime
     if _runtime is None:
         name = f"{hostname}:{os.getpid()}"
-        _runtime = WorkerRuntime(connect(app.conf.broker_url), worker_name=name)
+        _runtime = WorkerRuntime(
+            connect(app.conf.broker_url), name, app.conf.clusterenv_max_cached_runs
+        )
     return _runtime
 
 
-@app.task(bind=True, name="clusterenv.collect_chunk")
+@app.task(bind=True, name=COLLECT_CHUNK_TASK)
 def collect_chunk(self, **request: Any) -> dict[str, Any]:
     req = ChunkRequest.from_json(request)
     return runtime(self.request.hostname or "worker").run_chunk(req)

@@ -6,15 +6,15 @@ from typing import Any
 
 from pipeline.connect import connect
 from pipeline.keys import celery_echo
-from pipeline.shard import Shard
-from pipeline.shard_protocol import ShardSpec
+from pipeline.remote_env.messages import ECHO_TASK, HOST_SHARD_TASK, ShardSpec
+from pipeline.remote_env.shard import Shard
 from tasks.app import app
 
 
 # acks_late=False on purpose: the global acks_late=True would leave this hours-long task unacked,
 # and the Redis transport redelivers unacked tasks after visibility_timeout (60 s), which would
 # start a duplicate shard. A worker lost mid-shard is noticed by the client (heartbeat) instead.
-@app.task(bind=True, name="clusterenv.host_shard", acks_late=False)
+@app.task(bind=True, name=HOST_SHARD_TASK, acks_late=False)
 def host_shard(self, **spec: Any) -> dict[str, Any]:
     shard_spec = ShardSpec.from_json(spec)
     worker = self.request.hostname or "worker"
@@ -24,7 +24,7 @@ def host_shard(self, **spec: Any) -> dict[str, Any]:
 _echo_client = None
 
 
-@app.task(name="clusterenv.echo", acks_late=False)
+@app.task(name=ECHO_TASK, acks_late=False)
 def echo(token: str) -> None:
     """Push `token` back: the plain Celery round trip that bench/remote_env.py compares with."""
     global _echo_client

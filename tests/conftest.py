@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from pipeline.cluster.celery_client import celery_client
+from pipeline.cluster.embedded import EmbeddedServer, LocalWorkers
 from pipeline.connect import connect
-from pipeline.embedded import EmbeddedServer, LocalWorkers
 
 
 @pytest.fixture(scope="session")
@@ -59,9 +60,4 @@ def run_id() -> str:
 @pytest.fixture(scope="session")
 def celery_app(redis_url: str):
     """A client-side Celery app on the test broker (sends tasks by name; never eager)."""
-    from celery import Celery
-
-    app = Celery("clusterenv-tests")
-    app.config_from_object("celeryconfig")
-    app.conf.broker_url = redis_url
-    return app
+    return celery_client(redis_url, "clusterenv-tests")

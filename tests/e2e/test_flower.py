@@ -14,10 +14,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from pipeline.dispatcher import TASK_NAME
+from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from pipeline.keys import RunKeys
-from pipeline.protocol import ChunkRequest
-from pipeline.weights import WeightSource
+from pipeline.sync.source import RedisWeightSource
 
 
 def free_port() -> int:
@@ -54,16 +53,16 @@ def test_flower_shows_chunks(redis_url, workers, celery_app, client, run_id):
             "layers.0.weight": np.ones((2, 4), np.float32),
             "layers.0.bias": np.zeros(2, np.float32),
         }
-        WeightSource(client, RunKeys(run_id)).publish(w)
+        RedisWeightSource(client, RunKeys(run_id)).publish(w)
         for i in range(3):
             req = ChunkRequest(run_id, i, "CartPole-v1", 2, 5, seed=1, epsilon=0.5)
-            celery_app.send_task(TASK_NAME, kwargs=req.to_json())
+            celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
         deadline = time.monotonic() + 30
         mine: list[dict] = []
         while len(mine) < 3 or any(t["state"] != "SUCCESS" for t in mine):
             assert time.monotonic() < deadline, f"flower shows {mine}"
             time.sleep(0.3)
-            tasks = get_json(f"{base}/api/tasks?taskname={TASK_NAME}&limit=1000").values()
+            tasks = get_json(f"{base}/api/tasks?taskname={COLLECT_CHUNK_TASK}&limit=1000").values()
             mine = [t for t in tasks if run_id in (t.get("kwargs") or "")]
         for t in mine:
             assert "'steps': 5" in t["kwargs"]

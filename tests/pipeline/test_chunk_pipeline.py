@@ -9,15 +9,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from pipeline.actor import env_seeds
+from pipeline.chunks.actor import env_seeds
+from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from pipeline.chunks.stream import StreamReader, transition_specs
 from pipeline.codec import encode_chunk
 from pipeline.connect import connect
-from pipeline.dispatcher import TASK_NAME
 from pipeline.keys import RunKeys
 from pipeline.policy import NumpyMLP
-from pipeline.protocol import ChunkRequest
-from pipeline.stream import TransitionReader, transition_specs
-from pipeline.weights import WeightSource
+from pipeline.sync.source import RedisWeightSource
 
 # A fixed linear policy (push towards the pole's lean; episodes of ~25-50 steps), so ingested data can be replayed locally.
 POLICY = {
@@ -48,14 +47,14 @@ def reference_rollout(seed: int, steps: int) -> list[tuple]:
 
 def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, timeout_s=30.0):
     keys = RunKeys(run_id)
-    reader = TransitionReader(
+    reader = StreamReader(
         connect(_url(client), blocking=True),
         keys, transition_specs(np.float32, (4,)), num_actions=2,
     )  # fmt: skip
     for cid in chunk_ids:
         req = ChunkRequest(run_id, cid, "CartPole-v1", num_envs, steps, seed=5, epsilon=0.0,
                            env_kwargs=ENV_KWARGS)  # fmt: skip
-        celery_app.send_task(TASK_NAME, kwargs=req.to_json())
+        celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
     got: list[tuple[dict, dict]] = []
     deadline = time.monotonic() + timeout_s
     while reader.stats.chunks + reader.stats.duplicates < len(chunk_ids):
@@ -72,7 +71,7 @@ def _url(client) -> str:
 def test_transitions_equal_a_local_rollout_across_chunks_and_episodes(
     workers, celery_app, client, run_id
 ):
-    WeightSource(client, RunKeys(run_id)).publish(POLICY)
+    RedisWeightSource(client, RunKeys(run_id)).publish(POLICY)
     num_envs, steps, chunks = 3, 7, 24
     _, got = collect(celery_app, client, run_id, range(chunks), num_envs, steps)
     by_actor: dict[int, list] = defaultdict(list)
@@ -102,7 +101,7 @@ def test_transitions_equal_a_local_rollout_across_chunks_and_episodes(
 
 
 def test_a_chunk_delivered_twice_is_ingested_once(workers, celery_app, client, run_id):
-    WeightSource(client, RunKeys(run_id)).publish(POLICY)
+    RedisWeightSource(client, RunKeys(run_id)).publish(POLICY)
     reader, got = collect(celery_app, client, run_id, [0, 0, 1], num_envs=2, steps=5)
     assert reader.stats.chunks == 2 and reader.stats.duplicates == 1
     assert sorted(h["chunk"] for h, _ in got) == [0, 1]
@@ -111,7 +110,7 @@ def test_a_chunk_delivered_twice_is_ingested_once(workers, celery_app, client, r
 
 def test_malformed_and_foreign_entries_are_counted_and_skipped(client, run_id):
     keys = RunKeys(run_id)
-    reader = TransitionReader(connect(_url(client), blocking=True), keys,
+    reader = StreamReader(connect(_url(client), blocking=True), keys,
                               transition_specs(np.float32, (4,)), num_actions=2)  # fmt: skip
     n = 4
     good = {

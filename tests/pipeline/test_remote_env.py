@@ -18,8 +18,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode
 
+from pipeline.cluster.embedded import EmbeddedServer, LocalWorkers
 from pipeline.connect import connect
-from pipeline.embedded import EmbeddedServer, LocalWorkers
 from pipeline.keys import ShardKeys, remote_env_replies
 from pipeline.remote_env import RemoteEnv, RemoteEnvError, RemoteVectorEnv, ShardTimeout
 

@@ -8,7 +8,7 @@ import pytest
 from gymnasium.utils.env_checker import data_equivalence
 
 from pipeline.codec import CodecError, decode_tree, encode_tree, pack_message, unpack_message
-from pipeline.shard_protocol import (
+from pipeline.remote_env.messages import (
     STEP,
     Message,
     ShardSpec,
@@ -94,9 +94,9 @@ def test_unsupported_space_is_named() -> None:
 
 
 def test_shard_spec_checks_its_fields() -> None:
-    spec = ShardSpec("s", 0, "CartPole-v1", [0, 1])
+    spec = ShardSpec("s", 0, "CartPole-v1", [0, 1], heartbeat_ttl_s=3.0, idle_timeout_s=300.0)
     assert ShardSpec.from_json(spec.to_json()) == spec
     with pytest.raises(ValueError, match="unknown"):
         ShardSpec.from_json({**spec.to_json(), "pickle": True})
-    with pytest.raises(ValueError, match="bad shard spec"):
+    with pytest.raises(ValueError, match="env_indices must not be empty"):
         ShardSpec.from_json({**spec.to_json(), "env_indices": []})

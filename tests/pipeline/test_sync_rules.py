@@ -7,8 +7,9 @@ import pytest
 
 from pipeline.keys import RunKeys
 from pipeline.policy import NumpyMLP
-from pipeline.sync import Aps, parse_sync
-from pipeline.weights import WeightClient, WeightSource
+from pipeline.sync.client import RedisWeightClient
+from pipeline.sync.rules import Aps, parse_sync
+from pipeline.sync.source import RedisWeightSource
 
 REF = np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32)
 
@@ -27,7 +28,7 @@ class Learner:
     """Publishes versions with probes, as learner.trainer does."""
 
     def __init__(self, client, run_id: str, keep: int = 64):
-        self.source = WeightSource(client, RunKeys(run_id), keep=keep)
+        self.source = RedisWeightSource(client, RunKeys(run_id), keep=keep)
         self.source.publish_reference(REF)
         self.blobs: dict[int, int] = {}
 
@@ -38,7 +39,7 @@ class Learner:
 
 
 def client_for(client, run_id, spec):
-    return WeightClient(
+    return RedisWeightClient(
         client, RunKeys(run_id), parse_sync(spec) if isinstance(spec, str) else spec
     )
 

@@ -7,14 +7,14 @@ import time
 import numpy as np
 import pytest
 
+from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from pipeline.chunks.stream import StreamReader, transition_specs
+from pipeline.cluster.embedded import LocalWorkers
+from pipeline.cluster.registry import WorkerRegistry
 from pipeline.connect import connect
-from pipeline.dispatcher import TASK_NAME
-from pipeline.embedded import LocalWorkers, alive_worker_processes
 from pipeline.keys import RunKeys
 from pipeline.policy import NumpyMLP
-from pipeline.protocol import ChunkRequest
-from pipeline.stream import TransitionReader, transition_specs
-from pipeline.weights import WeightSource
+from pipeline.sync.source import RedisWeightSource
 from tests.pipeline.test_chunk_pipeline import _url
 from tests.pipeline.test_sync_rules import REF, net
 
@@ -22,9 +22,9 @@ from tests.pipeline.test_sync_rules import REF, net
 def run_two_versions(celery_app, client, run_id: str, num_envs: int, queue: str) -> list[dict]:
     """v0, one chunk, then v1 with other weights, one more chunk; the chunk headers."""
     keys = RunKeys(run_id)
-    source = WeightSource(client, keys)
+    source = RedisWeightSource(client, keys)
     source.publish_reference(REF)
-    reader = TransitionReader(connect(_url(client), blocking=True), keys,
+    reader = StreamReader(connect(_url(client), blocking=True), keys,
                               transition_specs(np.float32, (4,)), num_actions=2)  # fmt: skip
     headers: list[dict] = []
     for chunk_id, seed in enumerate([0, 4]):
@@ -32,7 +32,7 @@ def run_two_versions(celery_app, client, run_id: str, num_envs: int, queue: str)
         req = ChunkRequest(
             run_id, chunk_id, "CartPole-v1", num_envs, 4, seed=1, epsilon=0.1, sync="aps:0"
         )
-        celery_app.send_task(TASK_NAME, kwargs=req.to_json(), queue=queue)
+        celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json(), queue=queue)
         deadline = time.monotonic() + 30
         while len(headers) <= chunk_id:
             assert time.monotonic() < deadline, "chunk did not arrive"
@@ -44,7 +44,7 @@ def run_two_versions(celery_app, client, run_id: str, num_envs: int, queue: str)
 def one_worker(redis_url, client, run_id, tmp_path):
     """One worker of our own on a private queue, so both chunks meet the same cached policy."""
     pool = LocalWorkers(redis_url, 1, log_path=tmp_path / "w.log", queue=f"q-{run_id}")
-    before = alive_worker_processes(client)
+    before = WorkerRegistry(client).alive_processes()
     pool.start()
     try:
         pool.wait_ready(client, expected=before + 1)
@@ -62,7 +62,7 @@ def test_divergence_is_the_same_at_1_and_64_envs(one_worker, celery_app, client,
         assert headers[1]["sync"]["probe_fetches"] == 2, headers  # probe and reference batch
         measured.append(headers[1]["divergence"])
     q_learner, q_worker = NumpyMLP(net(4))(REF), NumpyMLP(net(0))(REF)
-    from pipeline.divergence import value
+    from pipeline.sync.divergence import value
 
     assert measured[0] == measured[1] == pytest.approx(value(q_learner, q_worker, 0.1))
     assert measured[0] > 0

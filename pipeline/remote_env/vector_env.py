@@ -17,12 +17,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from pipeline.embedded import Stack
-from pipeline.shard_client import PlacementError, RemoteEnvError, ShardGroup, ShardTimeout
-from pipeline.shard_columns import Batch, ShardColumns
-from pipeline.shard_protocol import space_from_tree
-
-__all__ = ["PlacementError", "RemoteEnv", "RemoteEnvError", "RemoteVectorEnv", "ShardTimeout"]
+from pipeline.cluster.embedded import Stack
+from pipeline.remote_env.columns import Batch, ShardColumns
+from pipeline.remote_env.group import RemoteEnvError, ShardGroup
+from pipeline.remote_env.messages import RemoteEnvOptions, space_from_tree
 
 
 class RemoteVectorEnv(gym.vector.VectorEnv):
@@ -32,6 +30,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     a local SyncVectorEnv's. An env whose worker dies is rebuilt on a surviving worker and reports
     `truncated=True` with `infos["worker_lost"]` for that step. An env that raises makes `step`
     raise RemoteEnvError (its `result` holds the other envs' step, the failed one truncated).
+    Keyword `options` are the fields of RemoteEnvOptions (timeouts, heartbeat TTL).
     """
 
     def __init__(
@@ -42,13 +41,11 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         redis_url: str | None = None,
         env_kwargs: dict[str, Any] | None = None,
         shards: int | None = None,
-        timeout_s: float = 60.0,
-        placement_timeout_s: float = 60.0,
-        heartbeat_ttl_s: float = 3.0,
-        idle_timeout_s: float = 300.0,
+        **options: float,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        opts = RemoteEnvOptions(**options)
         self._stack: Stack | None = None
         self._group: ShardGroup | None = None
         if redis_url is None:
@@ -57,9 +54,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             redis_url = self._stack.redis_url
         try:
             self._group = ShardGroup(
-                redis_url, env_id, num_envs, dict(env_kwargs or {}), shards,
-                timeout_s, placement_timeout_s, heartbeat_ttl_s, idle_timeout_s,
-            )  # fmt: skip
+                redis_url, env_id, num_envs, dict(env_kwargs or {}), shards, opts
+            )
             self._columns = ShardColumns(self._group)
             hello = self._columns.start()
             self.single_observation_space = space_from_tree(hello["observation_space"])
@@ -75,6 +71,17 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         self.metadata = {**hello.get("metadata", {}), "autoreset_mode": AutoresetMode.NEXT_STEP}
         self.render_mode = None
         self._needs_reset = True
+
+    @property
+    def session(self) -> str:
+        """The id under which this env's keys live on the broker (`clusterenv:renv:{session}:…`)."""
+        assert self._group is not None, "closed"
+        return self._group.session
+
+    @property
+    def owned_pids(self) -> list[int]:
+        """Processes of the embedded stack this env started (none when given a redis_url)."""
+        return self._stack.pids if self._stack is not None else []
 
     @property
     def shards(self) -> list[dict[str, Any]]:

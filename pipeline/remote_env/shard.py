@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 import traceback
 from typing import Any
@@ -20,9 +19,10 @@ import gymnasium as gym
 import numpy as np
 import redis
 
+from pipeline.cluster.heartbeat import Heartbeat
 from pipeline.codec import CodecError
 from pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
-from pipeline.shard_protocol import (
+from pipeline.remote_env.messages import (
     ADOPT,
     CLOSE,
     HELLO,
@@ -54,33 +54,23 @@ def _error(env: int, where: str, exc: BaseException) -> dict[str, Any]:
     }
 
 
-class _Heartbeat(threading.Thread):
-    """Refreshes the shard's heartbeat; notes why the shard should stop if it must."""
+class ShardLiveness:
+    """The shard's heartbeat key; notes why the shard should stop if it must."""
 
     def __init__(self, client: redis.Redis, spec: ShardSpec, value: str):
-        super().__init__(name=f"shard-{spec.shard}-heartbeat", daemon=True)
         self.client, self.spec, self.value = client, spec, value
         self.key = ShardKeys(spec.session, spec.shard).heartbeat
         self.ttl_ms = int(spec.heartbeat_ttl_s * 1000)
         self.stop_reason: str | None = None
-        self._stop = threading.Event()
 
-    def beat(self, *, first: bool = False) -> None:
+    def beat(self, *, first: bool = False) -> bool:
+        """Refresh the key; False once the shard should stop (the heartbeat loop then ends)."""
         # XX: once the client has deleted the key (it declared this shard lost), never revive it.
         if not self.client.set(self.key, self.value, px=self.ttl_ms, xx=not first):
             self.stop_reason = "disowned by the client"
         elif not self.client.exists(remote_env_client(self.spec.session)):
             self.stop_reason = "client gone"
-
-    def run(self) -> None:
-        while self.stop_reason is None and not self._stop.wait(self.spec.heartbeat_ttl_s / 3):
-            try:
-                self.beat()
-            except redis.RedisError as exc:  # a missed beat is not fatal; the TTL decides
-                log.warning("shard heartbeat failed: %s", exc)
-
-    def stop(self) -> None:
-        self._stop.set()
+        return self.stop_reason is None
 
 
 class Shard:
@@ -197,8 +187,12 @@ class Shard:
         if not self.client.exists(remote_env_client(self.spec.session)):
             return {"shard": self.spec.shard, "exit": "client gone before start"}
         value = json.dumps({"worker": self.worker, "pid": os.getpid()})
-        beat = _Heartbeat(self.client, self.spec, value)
-        beat.beat(first=True)
+        liveness = ShardLiveness(self.client, self.spec, value)
+        liveness.beat(first=True)
+        # From a thread, so a slow env step is not mistaken for a dead worker.
+        beat = Heartbeat(
+            f"shard-{self.spec.shard}-heartbeat", liveness.beat, self.spec.heartbeat_ttl_s / 3
+        )
         reason, reply = "closed", None
         try:
             errors = self._make(self.spec.env_indices)
@@ -208,8 +202,8 @@ class Shard:
             beat.start()
             idle_since = time.monotonic()
             while True:
-                if beat.stop_reason:
-                    reason = beat.stop_reason
+                if liveness.stop_reason:
+                    reason = liveness.stop_reason
                     break
                 item, reply = self._next_request(reply), None
                 if item is None:
@@ -231,7 +225,7 @@ class Shard:
                     break
                 reply = self._blob(self.handle(msg))
         finally:
-            beat.stop()
+            beat.stop(timeout_s=0)
             for env in self.envs.values():
                 try:
                     env.close()

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.shard_client import ShardGroup, ShardRef, remote_error
-from pipeline.shard_protocol import ADOPT, RESET, STEP, Message
+from pipeline.remote_env.group import ShardGroup, ShardRef, remote_error
+from pipeline.remote_env.messages import ADOPT, RESET, STEP, Message
 
 log = logging.getLogger(__name__)
 

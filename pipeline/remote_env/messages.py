@@ -1,4 +1,4 @@
-"""What the remote env's client and its shards say to each other: task args, messages, spaces."""
+"""What the remote env's client and its shards say to each other: options, task args, messages, spaces."""
 
 from __future__ import annotations
 
@@ -10,11 +10,33 @@ import gymnasium as gym
 import numpy as np
 
 from pipeline.codec import CodecError, decode_tree, encode_tree, pack_message, unpack_message
-from pipeline.protocol import TaskArgs
+from pipeline.task_args import TaskArgs, TaskArgsError
+
+HOST_SHARD_TASK = "clusterenv.host_shard"
+ECHO_TASK = "clusterenv.echo"
 
 # Request ops (client → shard); a reply echoes the op and the request's sequence number.
 HELLO, RESET, STEP, ADOPT, CLOSE = "hello", "reset", "step", "adopt", "close"
 OPS = frozenset({HELLO, RESET, STEP, ADOPT, CLOSE})
+
+
+@dataclass(frozen=True)
+class RemoteEnvOptions:
+    """How patient a remote vector env and its shards are; keyword arguments of RemoteVectorEnv."""
+
+    timeout_s: float = 60.0
+    """seconds a live shard may take to answer one reset/step before ShardTimeout"""
+    placement_timeout_s: float = 60.0
+    """seconds to wait for workers to start the shards before PlacementError"""
+    heartbeat_ttl_s: float = 3.0
+    """a shard whose heartbeat is this old counts as lost (its worker died); its envs move"""
+    idle_timeout_s: float = 300.0
+    """a shard with no request for this long exits and frees its worker"""
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "placement_timeout_s", "heartbeat_ttl_s", "idle_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -25,13 +47,18 @@ class ShardSpec(TaskArgs):
     shard: int
     env_id: str
     env_indices: list[int]
+    heartbeat_ttl_s: float
+    idle_timeout_s: float
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    heartbeat_ttl_s: float = 3.0
-    idle_timeout_s: float = 300.0
 
     def check(self) -> None:
-        if not self.env_indices or self.heartbeat_ttl_s <= 0 or self.idle_timeout_s <= 0:
-            raise ValueError(f"bad shard spec: {self}")
+        if not self.env_indices:
+            raise TaskArgsError("ShardSpec.env_indices must not be empty")
+        if self.heartbeat_ttl_s <= 0 or self.idle_timeout_s <= 0:
+            raise TaskArgsError(
+                f"ShardSpec timeouts must be positive, got heartbeat_ttl_s={self.heartbeat_ttl_s}, "
+                f"idle_timeout_s={self.idle_timeout_s}"
+            )
 
 
 @dataclass

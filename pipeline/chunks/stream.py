@@ -8,7 +8,7 @@ then acks and deletes them, so a chunk is never lost between the stream and repl
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +17,12 @@ import redis
 
 from pipeline.codec import ArraySpec, CodecError, decode_chunk, encode_chunk
 from pipeline.keys import RunKeys
+from pipeline.roles import Sink
 
 log = logging.getLogger(__name__)
 
 
-class TransitionWriter:
+class StreamWriter:
     """Worker side: append one chunk (header + raw arrays) to the run's stream."""
 
     def __init__(self, client: redis.Redis, keys: RunKeys):
@@ -76,7 +77,7 @@ def check_content(
             raise CodecError(f"array {name!r} has non-finite values")
 
 
-class TransitionReader:
+class StreamReader:
     """Learner side: consumer-group reads with validation, de-duplication and ack-after-insert."""
 
     def __init__(
@@ -99,7 +100,7 @@ class TransitionReader:
 
     def poll(
         self,
-        sink: Callable[[dict[str, Any], dict[str, np.ndarray]], None],
+        sink: Sink,
         block_ms: int = 100,
         count: int = 64,
     ) -> int:
@@ -124,7 +125,7 @@ class TransitionReader:
         pipe.execute()
         return accepted
 
-    def _handle(self, entry_id: bytes, fields: dict[bytes, bytes], sink) -> int:
+    def _handle(self, entry_id: bytes, fields: dict[bytes, bytes], sink: Sink) -> int:
         try:
             header, arrays = decode_chunk(fields, self.specs)
             check_content(header, arrays, self.keys.run_id, self.num_actions)

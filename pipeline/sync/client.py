@@ -1,9 +1,8 @@
-"""Versioned policy weights in Redis: the learner's source publishes, each worker's client fetches.
+"""Worker side of weight sync: hold one policy version and run the per-chunk sync check.
 
-`…:weights:{v}` holds safetensors bytes, `…:weights:latest` the newest version. With each version
-the source can publish a probe (`…:probe:{v}`: the learner's Q-values on a versioned batch of
-reference states, `…:reference:{r}`), so a client can measure how far its own policy has
-drifted for a few KB instead of fetching the full weights.
+Per chunk the client reads `latest` and whether its own version is still stored (one round trip);
+its rule then decides whether to fetch the full weights. APS rules first read the newer version's
+probe (and the reference states it was computed on, when they changed) to measure divergence.
 """
 
 from __future__ import annotations
@@ -15,63 +14,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import redis
 
-from pipeline.codec import (
-    ArraySpec,
-    CodecError,
-    decode_chunk,
-    decode_weights,
-    encode_chunk,
-    encode_weights,
-)
-from pipeline.divergence import DIVERGENCES
+from pipeline.codec import ArraySpec, CodecError, decode_chunk, decode_weights
 from pipeline.keys import RunKeys
 from pipeline.policy import NumpyMLP
-from pipeline.sync import SyncRule
+from pipeline.roles import SyncRule
+from pipeline.sync.divergence import DIVERGENCES
 
 
 def _size(fields: Mapping[bytes, bytes]) -> int:
     return sum(len(k) + len(v) for k, v in fields.items())
-
-
-class WeightSource:
-    """Learner side: publish versions (and probes); versions older than `keep` are deleted."""
-
-    def __init__(self, client: redis.Redis, keys: RunKeys, ttl_s: int = 600, keep: int = 64):
-        self.client, self.keys, self.ttl_s, self.keep = client, keys, ttl_s, keep
-        self.version = -1
-        self.reference_version = -1
-        self.reference: np.ndarray | None = None
-
-    def publish_reference(self, states: np.ndarray) -> int:
-        """Store a new batch of reference states; later probes are computed on it."""
-        self.reference_version += 1
-        fields = encode_chunk({"ref": self.reference_version}, {"obs": states})
-        key = self.keys.reference(self.reference_version)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hset(key, mapping=fields)
-        pipe.expire(key, self.ttl_s)
-        pipe.execute()
-        self.reference = np.array(states)
-        return self.reference_version
-
-    def publish(self, tensors: Mapping[str, np.ndarray], probe_q: np.ndarray | None = None) -> int:
-        """New version from named arrays; `probe_q`: the same weights' Q-values on `reference`."""
-        self.version += 1
-        blob = encode_weights(tensors, metadata={"version": str(self.version)})
-        pipe = self.client.pipeline(transaction=True)
-        pipe.set(self.keys.weights(self.version), blob, ex=self.ttl_s)
-        if probe_q is not None:
-            probe = encode_chunk(
-                {"version": self.version, "ref": self.reference_version}, {"q": probe_q}
-            )
-            pipe.hset(self.keys.probe(self.version), mapping=probe)
-            pipe.expire(self.keys.probe(self.version), self.ttl_s)
-        pipe.set(self.keys.weights_latest, self.version)
-        old = self.version - self.keep
-        if old >= 0:
-            pipe.delete(self.keys.weights(old), self.keys.probe(old))
-        pipe.execute()
-        return self.version
 
 
 @dataclass
@@ -85,8 +36,8 @@ class SyncCounters:
     probe_bytes: int = 0
 
 
-class WeightClient:
-    """Worker side: holds one policy version and decides, per chunk, whether to fetch a newer one."""
+class RedisWeightClient:
+    """Holds one policy version and decides, per chunk, whether to fetch a newer one."""
 
     def __init__(self, client: redis.Redis, keys: RunKeys, rule: SyncRule):
         self.client, self.keys, self.rule = client, keys, rule

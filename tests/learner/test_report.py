@@ -2,17 +2,15 @@
 
 import json
 
-import pytest
-
+from learner.cli import main
 from learner.metrics import MetricsWriter
-from pipeline.cli import main
-from pipeline.report import write_report
+from learner.report import write_report
 
 
 def fake_run(parent, name, sync, solve_at, fetches):
     d = parent / name
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"sync": sync}))
+    (d / "config.json").write_text(json.dumps({"weights": {"sync": sync}}))
     lag = {"lag_updates_mean": 100.0, "lag_updates_p95": 300.0}
     summary = {
         "target_return": 475.0,
@@ -71,7 +69,7 @@ def test_report_of_a_non_run_is_a_one_line_error(tmp_path, capsys):
     assert "not a finished run directory" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["report"]])
-def test_report_needs_a_run_dir(argv):
-    with pytest.raises(SystemExit):
-        main(argv)
+def test_report_needs_a_run_dir(capsys):
+    assert main(["report"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "run director" in err and len(err.splitlines()) == 1

@@ -94,7 +94,7 @@ def write_report(run_dirs: list[Path], out: Path, target: float | None = None) -
     groups: dict[str, list[dict]] = defaultdict(list)
     for d in run_dirs:
         run = load_run(d)
-        groups[run["config"]["sync"]].append(run)
+        groups[run["config"]["weights"]["sync"]].append(run)
     out.mkdir(parents=True, exist_ok=True)
     plots = [
         ("eval_vs_steps.png", "env_steps", "eval/return_mean", "greedy eval return"),

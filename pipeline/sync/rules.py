@@ -8,27 +8,9 @@ and answers whether to fetch now. No rule fetches the version it already holds, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
-from pipeline.divergence import DIVERGENCES
-
-
-class SyncState(Protocol):
-    """What a rule may look at on the weight client."""
-
-    version: int | None
-    steps_since_fetch: int
-    own_version_stored: bool
-
-    def seconds_since_fetch(self) -> float: ...
-
-    def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None: ...
-
-
-class SyncRule(Protocol):
-    spec: str
-
-    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool: ...
+from pipeline.roles import SyncRule, SyncState
+from pipeline.sync.divergence import DIVERGENCES
 
 
 @dataclass(frozen=True)
@@ -67,13 +49,14 @@ class Aps:
     """Adaptive policy sync: fetch when the policy has drifted past `tolerance`.
 
     Guards fetch regardless of divergence: the worker's own version is no longer stored (so
-    retention bounds staleness), or it lags by `max_lag_versions` versions / `max_lag_s` seconds.
+    retention bounds staleness), or it lags by `max_lag_versions` versions / `max_lag_seconds`
+    seconds.
     """
 
     tolerance: float
     divergence: str = "value"
     max_lag_versions: int = 0
-    max_lag_s: float = 0.0
+    max_lag_seconds: float = 0.0
     spec: str = ""
 
     def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
@@ -84,7 +67,7 @@ class Aps:
             return True
         if self.max_lag_versions and latest - client.version >= self.max_lag_versions:
             return True
-        if self.max_lag_s and client.seconds_since_fetch() >= self.max_lag_s:
+        if self.max_lag_seconds and client.seconds_since_fetch() >= self.max_lag_seconds:
             return True
         d = client.divergence_to(latest, epsilon, self.divergence)
         return d is None or d > self.tolerance
@@ -98,7 +81,7 @@ SYNC_HELP = "always | on-change | interval:N (env steps) | aps:TOL[:value|tv|kl]
 DEFAULT_SYNC = "aps:0.01"
 
 
-def parse_sync(spec: str, max_lag_versions: int = 0, max_lag_s: float = 0.0) -> SyncRule:
+def parse_sync(spec: str, max_lag_versions: int = 0, max_lag_seconds: float = 0.0) -> SyncRule:
     """A rule from its spec string; a ValueError naming the problem for anything else."""
     if spec == "always":
         return Always()
@@ -125,5 +108,5 @@ def parse_sync(spec: str, max_lag_versions: int = 0, max_lag_s: float = 0.0) -> 
             raise ValueError(
                 f"sync {spec!r}: unknown divergence {measure!r}; choose {', '.join(DIVERGENCES)}"
             )
-        return Aps(tolerance, measure, max_lag_versions, max_lag_s, spec=spec)
+        return Aps(tolerance, measure, max_lag_versions, max_lag_seconds, spec=spec)
     raise ValueError(f"unknown sync policy {spec!r}; choose {SYNC_HELP}")

@@ -1,0 +1,76 @@
+"""Run accounting: env steps, policy lag, divergence, the workers' sync counters and episodes.
+
+Everything is counted from the chunks the learner accepted (their headers carry the behaviour
+version, the divergence the worker measured and its cumulative sync counters).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from learner.ingest import Arrival
+
+
+class RunAccounting:
+    def __init__(self) -> None:
+        self.env_steps = 0
+        self.lag_versions: list[int] = []
+        self.lag_updates: list[int] = []
+        self.divergences: list[tuple[float, int]] = []  # (D, index of its chunk in the lag lists)
+        self.worker_sync: dict[str, dict[str, int]] = {}
+        self.episode_returns: list[float] = []
+        self._window_start = 0  # chunks already covered by a previous metrics row
+
+    def record(self, arrival: Arrival) -> None:
+        h = arrival.header
+        self.env_steps += int(h.get("env_steps", arrival.transitions))
+        self.lag_versions.append(arrival.lag_versions)
+        self.lag_updates.append(arrival.lag_updates)
+        if isinstance(h.get("divergence"), float):
+            self.divergences.append((h["divergence"], len(self.lag_versions) - 1))
+        if isinstance(h.get("sync"), dict):
+            self.worker_sync[h["worker"]] = h["sync"]
+        self.episode_returns.extend(float(r) for r, _ in h.get("episodes", []))
+
+    def sync_totals(self) -> dict[str, int]:
+        """The workers' latest cumulative sync counters, summed over workers."""
+        totals: dict[str, int] = {}
+        for counters in self.worker_sync.values():
+            for k, v in counters.items():
+                totals[k] = totals.get(k, 0) + int(v)
+        return totals
+
+    def lag_stats(self, since: int = 0) -> dict[str, float | None]:
+        """Policy lag at ingest (versions and gradient steps) and divergence at sync checks,
+        over the chunks that arrived after the first `since`."""
+        lags = np.asarray(self.lag_versions[since:] or [0])
+        lag_updates = np.asarray(self.lag_updates[since:] or [0])
+        divergences = [d for d, i in self.divergences if i >= since]
+        return {
+            "lag_versions_mean": float(lags.mean()),
+            "lag_versions_max": int(lags.max()),
+            "lag_updates_mean": float(lag_updates.mean()),
+            "lag_updates_p95": float(np.percentile(lag_updates, 95)),
+            "lag_updates_max": int(lag_updates.max()),
+            "divergence_mean": float(np.mean(divergences)) if divergences else None,
+        }
+
+    def window_lag_stats(self) -> dict[str, float | None]:
+        """`lag_stats` over the chunks that arrived since the previous call (one metrics row)."""
+        stats = self.lag_stats(self._window_start)
+        self._window_start = len(self.lag_versions)
+        return stats
+
+    def recent_return(self, episodes: int = 20) -> float | None:
+        """Mean return of the last `episodes` training episodes the workers finished."""
+        tail = self.episode_returns[-episodes:]
+        return float(np.mean(tail)) if tail else None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "sync_total": self.sync_totals(),
+            "lag": self.lag_stats(),
+            "sync_per_worker": self.worker_sync,
+        }

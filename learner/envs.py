@@ -1,0 +1,30 @@
+"""What the learner needs to know of an env before the workers build it: spaces and threshold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+
+
+def env_spaces(
+    env_id: str, env_kwargs: dict[str, Any]
+) -> tuple[gym.spaces.Box, gym.spaces.Discrete, float | None]:
+    """Observation space, action space and reward threshold; ValueError if unusable for DQN."""
+    try:
+        env = gym.make(env_id, **env_kwargs)
+    except gym.error.Error as exc:
+        raise ValueError(f"--env {env_id!r}: {exc}") from None
+    except TypeError as exc:
+        raise ValueError(f"--env-kwargs for {env_id!r}: {exc}") from None
+    try:
+        obs_space, act_space = env.observation_space, env.action_space
+        if not isinstance(act_space, gym.spaces.Discrete):
+            raise ValueError(
+                f"--env {env_id!r}: DQN needs a Discrete action space, not {act_space}"
+            )
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise ValueError(f"--env {env_id!r}: needs a Box observation space, not {obs_space}")
+        return obs_space, act_space, env.spec.reward_threshold if env.spec else None
+    finally:
+        env.close()

@@ -1,0 +1,52 @@
+"""Publishing policy versions: weights, and a probe on reference states refreshed from replay.
+
+The probe is computed with the same numpy forward the workers act with, so identical weights give
+a divergence of exactly zero. The publisher also remembers the update count behind each version,
+which turns a chunk's behaviour version into a lag in gradient steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from learner.config import WeightSyncConfig
+from learner.replay import ReplayBuffer
+from pipeline.policy import NumpyMLP
+from pipeline.roles import WeightSource
+
+
+class Publisher:
+    def __init__(
+        self,
+        source: WeightSource,
+        replay: ReplayBuffer,
+        cfg: WeightSyncConfig,
+        rng: np.random.Generator,
+    ):
+        self.source, self.replay, self.cfg, self.rng = source, replay, cfg, rng
+        self.updates_at_version: list[int] = []
+
+    @property
+    def version(self) -> int:
+        return self.source.version
+
+    def publish(self, weights: Mapping[str, np.ndarray], updates: int) -> int:
+        """A new version of `weights` (trained for `updates` gradient steps), with its probe."""
+        probe = None
+        size = self.cfg.reference_size
+        if self.replay.size >= size:
+            if self.source.reference is None or (self.version + 1) % self.cfg.reference_every == 0:
+                recent = self.replay.recent_obs(10 * size)
+                pick = self.rng.choice(len(recent), size=size, replace=False)
+                self.source.publish_reference(recent[pick].reshape(size, -1).astype(np.float32))
+            probe = NumpyMLP(weights)(self.source.reference)
+        self.updates_at_version.append(updates)
+        return self.source.publish(weights, probe)
+
+    def lag(self, behaviour_version: int, updates: int) -> tuple[int, int]:
+        """Lag of a chunk acted with `behaviour_version`: (versions, gradient steps) behind now."""
+        known = 0 <= behaviour_version < len(self.updates_at_version)
+        lag_updates = updates - self.updates_at_version[behaviour_version] if known else 0
+        return self.version - behaviour_version, lag_updates

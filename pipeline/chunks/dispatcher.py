@@ -1,0 +1,80 @@
+"""Keeps enough `collect_chunk` tasks in flight for the worker processes that are alive, no more.
+
+Workers are counted from their heartbeat keys, so a `celery worker` started on a new VM mid-run
+gets chunks within a heartbeat. A chunk that has not arrived after `lost_after_s` is written off
+(its worker probably died; Celery will redeliver it later, and the ledger accepts it once).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+
+SendTask = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    chunks_per_process: int = 2
+    """collect_chunk tasks kept in flight per live worker process (one running, one queued)"""
+    lost_after_s: float = 30.0
+    """seconds after which a chunk that has not arrived is written off and replaced"""
+    slots_every_s: float = 0.5
+    """how often the live worker processes are recounted from their heartbeats"""
+
+
+class Dispatcher:
+    """Sends ChunkRequests built from `template` (all fields but chunk id and ε) through `send`."""
+
+    def __init__(
+        self,
+        send: SendTask,
+        alive_processes: Callable[[], int],
+        template: dict[str, Any],
+        chunk_env_steps: int,
+        config: DispatchConfig = DispatchConfig(),
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.send, self.alive_processes, self.template = send, alive_processes, template
+        self.chunk_env_steps, self.config, self.clock = chunk_env_steps, config, clock
+        self.next_id = 0
+        self.in_flight: dict[int, float] = {}
+        self.lost = 0
+        self._slots = 0
+        self._slots_at = -float("inf")
+
+    def slots(self) -> int:
+        """Live worker processes on the broker (recounted at most every `slots_every_s`)."""
+        now = self.clock()
+        if now - self._slots_at > self.config.slots_every_s:
+            self._slots = self.alive_processes()
+            self._slots_at = now
+        return self._slots
+
+    @property
+    def pending_env_steps(self) -> int:
+        return len(self.in_flight) * self.chunk_env_steps
+
+    def top_up(self, epsilon: float, may_send: Callable[[int], bool]) -> int:
+        """Send chunks until each live process has its share or `may_send(pending)` says stop."""
+        now = self.clock()
+        for chunk_id, sent in list(self.in_flight.items()):
+            if now - sent > self.config.lost_after_s:
+                del self.in_flight[chunk_id]
+                self.lost += 1
+        target = self.config.chunks_per_process * self.slots()
+        sent = 0
+        while len(self.in_flight) < target and may_send(self.pending_env_steps):
+            req = ChunkRequest(chunk_id=self.next_id, epsilon=round(epsilon, 6), **self.template)
+            self.send(COLLECT_CHUNK_TASK, req.to_json())
+            self.in_flight[self.next_id] = now
+            self.next_id += 1
+            sent += 1
+        return sent
+
+    def arrived(self, chunk_id: int) -> None:
+        self.in_flight.pop(chunk_id, None)

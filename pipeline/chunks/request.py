@@ -1,0 +1,42 @@
+"""`clusterenv.collect_chunk`: its task name and its JSON arguments, checked on both ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.sync.rules import DEFAULT_SYNC, parse_sync
+from pipeline.task_args import TaskArgs, TaskArgsError
+
+COLLECT_CHUNK_TASK = "clusterenv.collect_chunk"
+
+
+@dataclass(frozen=True)
+class ChunkRequest(TaskArgs):
+    """One chunk of collection: which run, which env, how many steps, how to act and sync."""
+
+    run_id: str
+    chunk_id: int
+    env_id: str
+    num_envs: int
+    steps: int
+    seed: int
+    epsilon: float
+    sync: str = DEFAULT_SYNC
+    max_lag_versions: int = 0
+    max_lag_seconds: float = 0.0
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        if self.num_envs < 1 or self.steps < 1:
+            raise TaskArgsError(
+                f"num_envs and steps must be >= 1, got {self.num_envs}, {self.steps}"
+            )
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise TaskArgsError(f"epsilon must be in [0, 1], got {self.epsilon}")
+        if self.max_lag_versions < 0 or self.max_lag_seconds < 0:
+            raise TaskArgsError("max_lag_versions and max_lag_seconds must be >= 0")
+        try:
+            parse_sync(self.sync)
+        except ValueError as exc:
+            raise TaskArgsError(str(exc)) from None

@@ -1,0 +1,132 @@
+"""What a worker process keeps between chunks (envs, policy, stream writer) and how it runs one."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+
+from pipeline.chunks.actor import Actor, env_seeds, make_vector_env
+from pipeline.chunks.request import ChunkRequest
+from pipeline.chunks.stream import StreamWriter
+from pipeline.keys import RunKeys
+from pipeline.policy import epsilon_greedy
+from pipeline.roles import TransitionWriter, WeightClient
+from pipeline.sync.client import RedisWeightClient
+from pipeline.sync.rules import parse_sync
+
+
+@dataclass
+class RunState:
+    """One run's live state inside a worker process."""
+
+    actor: Actor
+    weights: WeightClient
+    writer: TransitionWriter
+    actor_index: int
+    rng: np.random.Generator
+
+    def close(self) -> None:
+        self.actor.close()
+
+
+class RunCache:
+    """The runs a worker process serves, least recently used first; the oldest past `size` is closed."""
+
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError(f"a worker must cache at least one run, got {size}")
+        self.size = size
+        self._runs: OrderedDict[str, RunState] = OrderedDict()
+
+    def get(self, run_id: str) -> RunState | None:
+        state = self._runs.get(run_id)
+        if state is not None:
+            self._runs.move_to_end(run_id)
+        return state
+
+    def put(self, run_id: str, state: RunState) -> None:
+        self._runs[run_id] = state
+        self._runs.move_to_end(run_id)
+        while len(self._runs) > self.size:
+            _, old = self._runs.popitem(last=False)
+            old.close()
+
+    def drop(self, run_id: str) -> None:
+        state = self._runs.pop(run_id, None)
+        if state is not None:
+            state.close()
+
+    def __contains__(self, run_id: str) -> bool:
+        return run_id in self._runs
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+
+class WorkerRuntime:
+    """Per-process cache of runs; `run_chunk` is all a task calls."""
+
+    def __init__(self, client: redis.Redis, worker_name: str, max_cached_runs: int = 2):
+        self.client = client
+        self.worker_name = worker_name
+        self.runs = RunCache(max_cached_runs)
+
+    def _start_run(self, req: ChunkRequest) -> RunState:
+        keys = RunKeys(req.run_id)
+        index = int(self.client.incr(keys.actor_counter)) - 1
+        seeds = env_seeds(req.seed, index, req.num_envs)
+        rule = parse_sync(req.sync, req.max_lag_versions, req.max_lag_seconds)
+        return RunState(
+            actor=Actor(make_vector_env(req.env_id, req.env_kwargs, req.num_envs), seeds),
+            weights=RedisWeightClient(self.client, keys, rule),
+            writer=StreamWriter(self.client, keys),
+            actor_index=index,
+            rng=np.random.default_rng(seeds[0]),
+        )
+
+    def run_chunk(self, req: ChunkRequest) -> dict[str, Any]:
+        """Sync check, collect, write to the stream; returns the small summary Flower shows."""
+        if self.client.exists(RunKeys(req.run_id).stop):
+            self.runs.drop(req.run_id)
+            return {"chunk": req.chunk_id, "skipped": "run stopped"}
+        state = self.runs.get(req.run_id)
+        if state is None:
+            state = self._start_run(req)
+            self.runs.put(req.run_id, state)
+        return collect_chunk(state, req, self.worker_name)
+
+
+def collect_chunk(state: RunState, req: ChunkRequest, worker_name: str) -> dict[str, Any]:
+    """One chunk with a run's live state: sync check, act ε-greedily, write; the task's summary."""
+    policy = state.weights.sync(req.epsilon)
+    chunk = state.actor.collect(
+        lambda obs: epsilon_greedy(policy(obs), req.epsilon, state.rng), req.steps
+    )
+    state.weights.record_steps(chunk.env_steps)
+    counters = state.weights.counters_json()
+    header = {
+        "run": req.run_id,
+        "chunk": req.chunk_id,
+        "worker": worker_name,
+        "actor": state.actor_index,
+        "policy_version": state.weights.version,
+        "divergence": state.weights.last_divergence,
+        "env_steps": chunk.env_steps,
+        "episodes": chunk.episodes,
+        "sync": counters,
+    }
+    nbytes = state.writer.write(header, chunk.arrays)
+    return {
+        "chunk": req.chunk_id,
+        "worker": worker_name,
+        "steps": chunk.env_steps,
+        "transitions": int(len(chunk.arrays["action"])),
+        "episodes_finished": len(chunk.episodes),
+        "policy_version": state.weights.version,
+        "bytes": nbytes,
+        **counters,
+    }

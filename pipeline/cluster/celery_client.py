@@ -1,0 +1,13 @@
+"""The one way a process that only sends tasks gets a Celery app: the workers' settings, one broker."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+
+def celery_client(redis_url: str, name: str = "clusterenv-client") -> Celery:
+    """A Celery app configured from `celeryconfig`, sending to `redis_url`; never the current app."""
+    app = Celery(name, set_as_current=False)
+    app.config_from_object("celeryconfig")
+    app.conf.broker_url = redis_url
+    return app

@@ -1,0 +1,49 @@
+"""The worker registry: each worker announces its process count under an expiring key; the learner,
+the dispatcher and the remote env count live processes from those keys."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import redis
+
+from pipeline.cluster.heartbeat import Heartbeat
+from pipeline.keys import WORKER_HEARTBEAT_PATTERN, worker_heartbeat
+
+
+class WorkerRegistry:
+    """Reads and writes `clusterenv:worker:{hostname}` keys (value: JSON with the process count)."""
+
+    def __init__(self, client: redis.Redis):
+        self.client = client
+
+    def announce(self, hostname: str, processes: int, ttl_s: float) -> None:
+        value = json.dumps({"processes": processes})
+        self.client.set(worker_heartbeat(hostname), value, px=int(ttl_s * 1000))
+
+    def withdraw(self, hostname: str) -> None:
+        with contextlib.suppress(redis.RedisError):  # the key expires by itself anyway
+            self.client.delete(worker_heartbeat(hostname))
+
+    def alive_processes(self) -> int:
+        """Sum of the process counts announced by live worker heartbeats on this broker."""
+        keys = list(self.client.scan_iter(match=WORKER_HEARTBEAT_PATTERN, count=1000))
+        total = 0
+        for raw in self.client.mget(keys) if keys else []:
+            if raw is None:
+                continue
+            try:
+                total += int(json.loads(raw).get("processes", 1))
+            except (ValueError, AttributeError):
+                total += 1
+        return total
+
+    def keep_alive(self, hostname: str, processes: int, every_s: float, ttl_s: float) -> Heartbeat:
+        """Announce now, then from a heartbeat thread every `every_s` (started; `stop()` it)."""
+        self.announce(hostname, processes, ttl_s)
+        beat = Heartbeat(
+            f"heartbeat-{hostname}", lambda: self.announce(hostname, processes, ttl_s), every_s
+        )
+        beat.start()
+        return beat

@@ -1,0 +1,18 @@
+"""DETACH Gymnasium mode: vector envs whose reset/step run on Celery workers.
+
+from pipeline.remote_env import RemoteVectorEnv
+envs = RemoteVectorEnv("CartPole-v1", 8, redis_url="redis://HOST:6379/0")
+"""
+
+from pipeline.remote_env.group import PlacementError, RemoteEnvError, ShardTimeout
+from pipeline.remote_env.messages import RemoteEnvOptions
+from pipeline.remote_env.vector_env import RemoteEnv, RemoteVectorEnv
+
+__all__ = [
+    "PlacementError",
+    "RemoteEnv",
+    "RemoteEnvError",
+    "RemoteEnvOptions",
+    "RemoteVectorEnv",
+    "ShardTimeout",
+]

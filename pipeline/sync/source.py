@@ -1,0 +1,58 @@
+"""Learner side of weight sync: publish numbered versions, their probes and the reference states.
+
+`…:weights:{v}` holds safetensors bytes, `…:weights:latest` the newest version. With each version
+the source can publish a probe (`…:probe:{v}`: the learner's outputs on a versioned batch of
+reference states, `…:reference:{r}`), so a client can measure how far its own policy has drifted
+for a few KB instead of fetching the full weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import redis
+
+from pipeline.codec import encode_chunk, encode_weights
+from pipeline.keys import RunKeys
+
+
+class RedisWeightSource:
+    """Publishes versions (and probes) with a TTL; versions more than `keep` behind are deleted."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, ttl_s: int = 600, keep: int = 64):
+        self.client, self.keys, self.ttl_s, self.keep = client, keys, ttl_s, keep
+        self.version = -1
+        self.reference_version = -1
+        self.reference: np.ndarray | None = None
+
+    def publish_reference(self, states: np.ndarray) -> int:
+        """Store a new batch of reference states; later probes are computed on it."""
+        self.reference_version += 1
+        fields = encode_chunk({"ref": self.reference_version}, {"obs": states})
+        key = self.keys.reference(self.reference_version)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(key, mapping=fields)
+        pipe.expire(key, self.ttl_s)
+        pipe.execute()
+        self.reference = np.array(states)
+        return self.reference_version
+
+    def publish(self, tensors: Mapping[str, np.ndarray], probe_q: np.ndarray | None = None) -> int:
+        """New version from named arrays; `probe_q`: the same weights' outputs on `reference`."""
+        self.version += 1
+        blob = encode_weights(tensors, metadata={"version": str(self.version)})
+        pipe = self.client.pipeline(transaction=True)
+        pipe.set(self.keys.weights(self.version), blob, ex=self.ttl_s)
+        if probe_q is not None:
+            probe = encode_chunk(
+                {"version": self.version, "ref": self.reference_version}, {"q": probe_q}
+            )
+            pipe.hset(self.keys.probe(self.version), mapping=probe)
+            pipe.expire(self.keys.probe(self.version), self.ttl_s)
+        pipe.set(self.keys.weights_latest, self.version)
+        old = self.version - self.keep
+        if old >= 0:
+            pipe.delete(self.keys.weights(old), self.keys.probe(old))
+        pipe.execute()
+        return self.version

@@ -1,0 +1,92 @@
+"""The small JSON arguments of Celery tasks: dataclasses checked field by field on both ends."""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import asdict, fields
+from typing import Any, Self
+
+
+class TaskArgsError(ValueError):
+    """Task arguments that do not fit their dataclass; the message names the field."""
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Does a decoded JSON value fit the annotation `hint`? bool is never an int or a float here."""
+    origin = typing.get_origin(hint)
+    if origin is types.UnionType or origin is typing.Union:
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list) and all(_fits(v, item) for v in value)
+    if origin is dict:
+        key, item = typing.get_args(hint) or (str, Any)
+        return isinstance(value, dict) and all(
+            _fits(k, key) and _fits(v, item) for k, v in value.items()
+        )
+    raise TypeError(f"task argument annotation {hint!r} is not a JSON type")
+
+
+class TaskArgs:
+    """Base of dataclass task arguments: `to_json` out; `from_json` checks names and types, then `check`s."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self:
+        name = cls.__name__
+        if not isinstance(data, dict):
+            raise TaskArgsError(f"{name}: expected a JSON object, got {_type_name(data)}")
+        known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = set(data) - set(known)
+        if unknown:
+            raise TaskArgsError(f"unknown {name} fields: {', '.join(sorted(unknown))}")
+        hints = typing.get_type_hints(cls)
+        for key, value in data.items():
+            if not _fits(value, hints[key]):
+                raise TaskArgsError(
+                    f"{name}.{key} must be {_describe(hints[key])}, got {_type_name(value)} {value!r}"
+                )
+        try:
+            args = cls(**data)
+        except TypeError as exc:  # a required field is missing
+            raise TaskArgsError(f"{name}: {exc}") from None
+        args.check()
+        return args
+
+    def check(self) -> None:
+        """Raise TaskArgsError naming what is wrong with these (well-typed) arguments."""
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is types.UnionType or origin is typing.Union:
+        return " or ".join(_describe(h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return "null"
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    if hint in names:
+        return names[hint]
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(hint)[0]).split(' ', 1)[-1]}s"
+    if origin is dict:
+        return "a JSON object"
+    return str(hint)
