@@ -38,7 +38,7 @@ DTYPES = {ARRAY_FIELD_PREFIX + name.encode(): np.dtype(spec.dtype) for name, spe
 def make_chunk(
     run_id: str, chunk_id: int, rows: int, rng: np.random.Generator
 ) -> dict[bytes, bytes]:
-    """Stream fields of one chunk, with the header a worker writes (pipeline/worker.py)."""
+    """Stream fields of one chunk, with the header a worker writes (pipeline/chunks/runtime.py)."""
     obs = rng.normal(size=(rows + 1, *OBS_SHAPE)).astype(np.float32)
     arrays = {
         "obs": obs[:-1],

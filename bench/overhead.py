@@ -1,11 +1,11 @@
 """Pipeline overhead: one Celery worker collecting through Redis versus the same loop in-process.
 
-Both sides step the same `pipeline.actor.Actor` (SyncVectorEnv of CartPole-v1) with the same fixed
-256-256 `NumpyMLP` and epsilon-greedy. The pipeline side sends `collect_chunk` tasks to ONE local
-worker (two in flight) and reads the stream into a learner-side ReplayBuffer; its rate is env
+Both sides step the same `pipeline.chunks.actor.Actor` (SyncVectorEnv of CartPole-v1) with the same
+fixed 256-256 `NumpyMLP` and epsilon-greedy. The pipeline side sends `collect_chunk` tasks to ONE
+local worker (two in flight) and reads the stream into a learner-side ReplayBuffer; its rate is env
 steps between chunk arrivals after a warm-up. Each repeat runs the in-process loop, the pipeline
-and a timing of the worker's `run_chunk` by part back to back, so a change in machine load hits
-all three; medians over repeats are reported, wall and CPU per chunk beside the rates.
+and a timing of the worker's `run_chunk` by part back to back, so a change in machine load hits all
+three; medians over repeats are reported, wall and CPU per chunk beside the rates.
 """
 
 from __future__ import annotations

@@ -7,11 +7,8 @@ becomes
 Run:  python examples/dqn_cartpole.py --total-timesteps 60000   (add --redis-url to use your workers)
 """
 
-import argparse
-import dataclasses
 import random
 import time
-import typing
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -19,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import tyro
 
 from pipeline.remote_env import RemoteVectorEnv
 
@@ -57,16 +55,6 @@ class Args:
     """env steps before learning starts"""
     train_frequency: int = 10
     """env steps between gradient steps"""
-
-
-def parse_args() -> Args:
-    """The CLI, derived from Args: one --flag per field."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    hints = typing.get_type_hints(Args)
-    for f in dataclasses.fields(Args):
-        kind = str if hints[f.name] == (str | None) else hints[f.name]
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
-    return Args(**vars(parser.parse_args()))
 
 
 class QNetwork(nn.Module):
@@ -111,7 +99,7 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> floa
 
 
 if __name__ == "__main__":
-    args = parse_args()
+    args = tyro.cli(Args)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)

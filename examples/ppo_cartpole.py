@@ -7,17 +7,15 @@ becomes
 Run:  python examples/ppo_cartpole.py --total-timesteps 100000   (add --redis-url for your workers)
 """
 
-import argparse
-import dataclasses
 import random
 import time
-import typing
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
+import tyro
 from torch.distributions.categorical import Categorical
 
 from pipeline.remote_env import RemoteVectorEnv
@@ -57,16 +55,6 @@ class Args:
     """the maximum norm for gradient clipping"""
 
 
-def parse_args() -> Args:
-    """The CLI, derived from Args: one --flag per field."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    hints = typing.get_type_hints(Args)
-    for f in dataclasses.fields(Args):
-        kind = str if hints[f.name] == (str | None) else hints[f.name]
-        parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default)
-    return Args(**vars(parser.parse_args()))
-
-
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -96,7 +84,7 @@ class Agent(nn.Module):
 
 
 if __name__ == "__main__":
-    args = parse_args()
+    args = tyro.cli(Args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = max(1, args.total_timesteps // batch_size)
     random.seed(args.seed)

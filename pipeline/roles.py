@@ -47,8 +47,6 @@ class SyncState(Protocol):
 class SyncRule(Protocol):
     """Decides, once per chunk, whether a client fetches the weights of version `latest`."""
 
-    spec: str
-
     def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool: ...
 
 

@@ -34,9 +34,9 @@ class ChunkRequest(TaskArgs):
             )
         if not 0.0 <= self.epsilon <= 1.0:
             raise TaskArgsError(f"epsilon must be in [0, 1], got {self.epsilon}")
-        if self.max_lag_versions < 0 or self.max_lag_seconds < 0:
+        if self.max_lag_versions < 0 or not self.max_lag_seconds >= 0:  # NaN too
             raise TaskArgsError("max_lag_versions and max_lag_seconds must be >= 0")
         try:
-            parse_sync(self.sync)
+            parse_sync(self.sync, self.max_lag_versions, self.max_lag_seconds)
         except ValueError as exc:
             raise TaskArgsError(str(exc)) from None

@@ -49,6 +49,9 @@ class RunCache:
         return state
 
     def put(self, run_id: str, state: RunState) -> None:
+        old = self._runs.get(run_id)
+        if old is not None and old is not state:
+            old.close()
         self._runs[run_id] = state
         self._runs.move_to_end(run_id)
         while len(self._runs) > self.size:

@@ -75,7 +75,8 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     @property
     def session(self) -> str:
         """The id under which this env's keys live on the broker (`clusterenv:renv:{session}:…`)."""
-        assert self._group is not None, "closed"
+        if self._group is None:
+            raise RuntimeError("this RemoteVectorEnv is closed")
         return self._group.session
 
     @property

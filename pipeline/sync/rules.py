@@ -17,8 +17,6 @@ from pipeline.sync.divergence import DIVERGENCES
 class Always:
     """Fetch on every chunk, even the version already held: the naive baseline."""
 
-    spec: str = "always"
-
     def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
         return True
 
@@ -26,8 +24,6 @@ class Always:
 @dataclass(frozen=True)
 class OnChange:
     """Fetch whenever a newer version exists (RLlib's pull-if-newer)."""
-
-    spec: str = "on-change"
 
     def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
         return latest != client.version
@@ -38,7 +34,6 @@ class Interval:
     """Fetch once `steps` env steps have passed since the last fetch (Ape-X style)."""
 
     steps: int
-    spec: str = ""
 
     def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
         return latest != client.version and client.steps_since_fetch >= self.steps
@@ -57,7 +52,6 @@ class Aps:
     divergence: str = "value"
     max_lag_versions: int = 0
     max_lag_seconds: float = 0.0
-    spec: str = ""
 
     def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
         if latest == client.version:
@@ -82,7 +76,14 @@ DEFAULT_SYNC = "aps:0.01"
 
 
 def parse_sync(spec: str, max_lag_versions: int = 0, max_lag_seconds: float = 0.0) -> SyncRule:
-    """A rule from its spec string; a ValueError naming the problem for anything else."""
+    """A rule from its spec string; a ValueError naming the problem for anything else.
+
+    The lag guards belong to APS; given with another rule they are refused, not ignored.
+    """
+    if not spec.startswith("aps:") and (max_lag_versions or max_lag_seconds):
+        raise ValueError(
+            f"sync {spec!r}: --max-lag-versions and --max-lag-seconds apply to aps rules only"
+        )
     if spec == "always":
         return Always()
     if spec == "on-change":
@@ -94,7 +95,7 @@ def parse_sync(spec: str, max_lag_versions: int = 0, max_lag_seconds: float = 0.
             raise ValueError(
                 f"sync {spec!r}: interval needs a positive env-step count, e.g. interval:4096"
             )
-        return Interval(steps=steps, spec=spec)
+        return Interval(steps=steps)
     if name == "aps":
         tol_text, _, measure = rest.partition(":")
         measure = measure or "value"
@@ -108,5 +109,5 @@ def parse_sync(spec: str, max_lag_versions: int = 0, max_lag_seconds: float = 0.
             raise ValueError(
                 f"sync {spec!r}: unknown divergence {measure!r}; choose {', '.join(DIVERGENCES)}"
             )
-        return Aps(tolerance, measure, max_lag_versions, max_lag_seconds, spec=spec)
+        return Aps(tolerance, measure, max_lag_versions, max_lag_seconds)
     raise ValueError(f"unknown sync policy {spec!r}; choose {SYNC_HELP}")

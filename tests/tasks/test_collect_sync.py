@@ -15,8 +15,7 @@ from pipeline.connect import connect
 from pipeline.keys import RunKeys
 from pipeline.policy import NumpyMLP
 from pipeline.sync.source import RedisWeightSource
-from tests.pipeline.test_chunk_pipeline import _url
-from tests.pipeline.test_sync_rules import REF, net
+from tests.fakes import REF, net, url_of
 
 
 def run_two_versions(celery_app, client, run_id: str, num_envs: int, queue: str) -> list[dict]:
@@ -24,7 +23,7 @@ def run_two_versions(celery_app, client, run_id: str, num_envs: int, queue: str)
     keys = RunKeys(run_id)
     source = RedisWeightSource(client, keys)
     source.publish_reference(REF)
-    reader = StreamReader(connect(_url(client), blocking=True), keys,
+    reader = StreamReader(connect(url_of(client), blocking=True), keys,
                               transition_specs(np.float32, (4,)), num_actions=2)  # fmt: skip
     headers: list[dict] = []
     for chunk_id, seed in enumerate([0, 4]):

@@ -17,6 +17,7 @@ from pipeline.connect import connect
 from pipeline.keys import RunKeys
 from pipeline.policy import NumpyMLP
 from pipeline.sync.source import RedisWeightSource
+from tests.fakes import url_of
 
 # A fixed linear policy (push towards the pole's lean; episodes of ~25-50 steps), so ingested data can be replayed locally.
 POLICY = {
@@ -48,7 +49,7 @@ def reference_rollout(seed: int, steps: int) -> list[tuple]:
 def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, timeout_s=30.0):
     keys = RunKeys(run_id)
     reader = StreamReader(
-        connect(_url(client), blocking=True),
+        connect(url_of(client), blocking=True),
         keys, transition_specs(np.float32, (4,)), num_actions=2,
     )  # fmt: skip
     for cid in chunk_ids:
@@ -61,11 +62,6 @@ def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, timeout_s=30
         assert time.monotonic() < deadline, f"only {len(got)} of {len(chunk_ids)} chunks arrived"
         reader.poll(lambda h, a: got.append((h, {k: v.copy() for k, v in a.items()})))
     return reader, got
-
-
-def _url(client) -> str:
-    kw = client.connection_pool.connection_kwargs
-    return f"redis://{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
 
 
 def test_transitions_equal_a_local_rollout_across_chunks_and_episodes(
@@ -110,7 +106,7 @@ def test_a_chunk_delivered_twice_is_ingested_once(workers, celery_app, client, r
 
 def test_malformed_and_foreign_entries_are_counted_and_skipped(client, run_id):
     keys = RunKeys(run_id)
-    reader = StreamReader(connect(_url(client), blocking=True), keys,
+    reader = StreamReader(connect(url_of(client), blocking=True), keys,
                               transition_specs(np.float32, (4,)), num_actions=2)  # fmt: skip
     n = 4
     good = {

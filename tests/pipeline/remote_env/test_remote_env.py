@@ -24,7 +24,7 @@ from pipeline.keys import ShardKeys, remote_env_replies
 from pipeline.remote_env import RemoteEnv, RemoteEnvError, RemoteVectorEnv, ShardTimeout
 
 # Built by the workers only (they run from the repo root); see remote_env_helpers.py.
-HELPERS = "tests.pipeline.remote_env_helpers"
+HELPERS = "tests.pipeline.remote_env.remote_env_helpers"
 FLAKY, TAGGED = f"{HELPERS}:RemoteTestFlaky-v0", f"{HELPERS}:RemoteTestTagged-v0"
 pytestmark = pytest.mark.timeout(120)
 
@@ -187,7 +187,7 @@ def test_step_timeout_names_worker_and_env(remote) -> None:
 def test_close_frees_workers_and_keys(redis_url: str, workers: LocalWorkers, client) -> None:
     for _ in range(2):  # a second env placed right after close gets the same two workers
         envs = RemoteVectorEnv("CartPole-v1", 2, redis_url=redis_url, shards=2)
-        session = envs._group.session
+        session = envs.session
         envs.reset(seed=0)
         envs.close()
         assert not client.exists(*(ShardKeys(session, i).heartbeat for i in range(2)))
@@ -196,7 +196,8 @@ def test_close_frees_workers_and_keys(redis_url: str, workers: LocalWorkers, cli
 
 def test_embedded_stack_is_started_and_stopped() -> None:
     envs = RemoteVectorEnv("CartPole-v1", 2)
-    pids = [envs._stack.server.pid, *envs._stack.workers.pids]
+    pids = envs.owned_pids
+    assert len(pids) == 1 + len(envs.shards)  # the server and one worker per shard
     try:
         obs, _ = envs.reset(seed=0)
         assert envs.step(np.zeros(2, dtype=np.int64))[0].shape == (2, 4)

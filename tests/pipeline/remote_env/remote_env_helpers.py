@@ -1,4 +1,4 @@
-"""Envs the remote-env tests build on workers, by the id "tests.pipeline.remote_env_helpers:NAME".
+"""Envs the remote-env tests build on workers, by the id "tests.pipeline.remote_env.remote_env_helpers:NAME".
 
 Workers import this module by that id (gymnasium imports the part before the colon), which works
 because the test workers run from the repository root, as pytest does.

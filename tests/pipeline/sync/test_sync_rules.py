@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from pipeline.keys import RunKeys
@@ -10,18 +9,7 @@ from pipeline.policy import NumpyMLP
 from pipeline.sync.client import RedisWeightClient
 from pipeline.sync.rules import Aps, parse_sync
 from pipeline.sync.source import RedisWeightSource
-
-REF = np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32)
-
-
-def net(seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {
-        "layers.0.weight": rng.normal(size=(16, 4)).astype(np.float32),
-        "layers.0.bias": np.zeros(16, np.float32),
-        "layers.1.weight": rng.normal(size=(2, 16)).astype(np.float32),
-        "layers.1.bias": np.zeros(2, np.float32),
-    }
+from tests.fakes import REF, net
 
 
 class Learner:
@@ -93,17 +81,23 @@ def test_aps_skips_identical_weights_and_fetches_a_changed_policy(client, run_id
     assert wc.counters.weight_fetches == 2
 
 
-def test_aps_tolerance_decides(client, run_id):
+def stale_client(client, run_id: str, spec: str) -> RedisWeightClient:
+    """A worker's client that fetched v0 = net(0); the learner has since published v1 = net(3)."""
     learner = Learner(client, run_id)
     learner.publish(net(0))
+    wc = client_for(client, run_id, spec)
+    wc.sync(0.0)  # a client's first sync always fetches
     learner.publish(net(3))
-    measured = client_for(client, run_id, "aps:0")
-    measured.version, measured.policy = 0, NumpyMLP(net(0))
+    assert wc.version == 0
+    return wc
+
+
+def test_aps_tolerance_decides(client, run_id):
+    measured = stale_client(client, f"{run_id}-measured", "aps:0")
     d = measured.divergence_to(1, 0.0, "value")
     assert d is not None and d > 0
-    for tol, fetch in [(d * 0.5, True), (d * 2, False)]:
-        wc = client_for(client, run_id, f"aps:{tol}")
-        wc.version, wc.policy = 0, NumpyMLP(net(0))
+    for i, (tol, fetch) in enumerate([(d * 0.5, True), (d * 2, False)]):
+        wc = stale_client(client, f"{run_id}-{i}", f"aps:{tol}")  # same weights, same probes
         wc.sync(0.0)
         assert (wc.version == 1) is fetch, tol
 
@@ -144,16 +138,17 @@ def test_max_lag_guard_fires(client, run_id):
 def test_byte_counters_equal_what_the_server_sent(client, run_id):
     learner = Learner(client, run_id)
     learner.publish(net(0))
-    learner.publish(net(5))
     wc = client_for(client, run_id, "aps:0")
     out0 = int(client.info("stats")["total_net_output_bytes"])
     wc.sync(0.0)  # first fetch: weights only
-    wc.version, wc.policy = 0, NumpyMLP(net(0))
-    learner.publish(net(9))
+    assert wc.version == 0
+    learner.publish(net(5))
+    learner.publish(net(9))  # the worker, holding v0, is now two versions behind
     wc.sync(0.0)  # probe + reference + weights
     out1 = int(client.info("stats")["total_net_output_bytes"])
+    assert wc.version == 2
     counted = wc.counters.weight_bytes + wc.counters.probe_bytes
-    assert wc.counters.weight_bytes == learner.blobs[1] + learner.blobs[2]
+    assert wc.counters.weight_bytes == learner.blobs[0] + learner.blobs[2]
     assert wc.counters.probe_fetches == 2  # the probe and the reference batch
     probe_key, ref_key = RunKeys(run_id).probe(2), RunKeys(run_id).reference(0)
     stored = sum(

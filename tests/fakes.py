@@ -1,0 +1,149 @@
+"""Small fakes and pure helpers for unit tests of pure logic (no server, no workers).
+
+The fakes implement the role interfaces of pipeline/roles.py (or the plain callables a class is
+built from), so sync rules, the Dispatcher, `collect_chunk` and `RunCache` can be tested without
+Redis. Tests of anything that talks to Redis or Celery use the real server and workers of
+tests/conftest.py instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import redis
+
+from pipeline.policy import NumpyMLP
+
+# Reference states and a small CartPole-shaped net, shared by the sync tests.
+REF = np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32)
+
+
+def net(seed: int) -> dict[str, np.ndarray]:
+    """Weights of a 4-16-2 MLP, different for every seed."""
+    rng = np.random.default_rng(seed)
+    return {
+        "layers.0.weight": rng.normal(size=(16, 4)).astype(np.float32),
+        "layers.0.bias": np.zeros(16, np.float32),
+        "layers.1.weight": rng.normal(size=(2, 16)).astype(np.float32),
+        "layers.1.bias": np.zeros(2, np.float32),
+    }
+
+
+def url_of(client: redis.Redis) -> str:
+    """The redis:// URL a client is connected to (to open a second, blocking connection)."""
+    kw = client.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
+
+
+class FakeClock:
+    """A monotonic clock that only moves when told to."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class RecordingSend:
+    """A `send(task_name, kwargs)` that records what it was asked to send."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, name: str, kwargs: dict[str, Any]) -> None:
+        self.sent.append((name, kwargs))
+
+
+class Counter:
+    """A settable zero-argument callable that counts its calls (e.g. `alive_processes`)."""
+
+    def __init__(self, value: int):
+        self.value, self.calls = value, 0
+
+    def __call__(self) -> int:
+        self.calls += 1
+        return self.value
+
+
+@dataclass
+class FakeSyncState:
+    """A SyncState with every input of a rule settable; records the divergences asked for."""
+
+    version: int | None = 0
+    steps_since_fetch: int = 0
+    own_version_stored: bool = True
+    seconds: float = 0.0
+    divergence: float | None = 0.0
+    asked: list[tuple[int, float, str]] = field(default_factory=list)
+
+    def seconds_since_fetch(self) -> float:
+        return self.seconds
+
+    def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None:
+        self.asked.append((version, epsilon, measure))
+        return self.divergence
+
+
+class FakeWeightClient:
+    """A WeightClient holding one fixed policy; counts syncs and recorded steps."""
+
+    def __init__(
+        self,
+        weights: Mapping[str, np.ndarray],
+        version: int = 0,
+        divergence: float | None = None,
+    ):
+        self.policy = NumpyMLP(weights)
+        self.version: int | None = version
+        self.steps_since_fetch = 0
+        self.own_version_stored = True
+        self.last_divergence: float | None = None
+        self._divergence = divergence
+        self.syncs: list[float] = []  # the epsilon of each sync call
+        self.counters = {"version_checks": 0, "weight_fetches": 0, "weight_bytes": 0}
+
+    def sync(self, epsilon: float) -> NumpyMLP:
+        self.syncs.append(epsilon)
+        self.counters["version_checks"] += 1
+        self.last_divergence = self._divergence
+        return self.policy
+
+    def record_steps(self, env_steps: int) -> None:
+        self.steps_since_fetch += env_steps
+
+    def counters_json(self) -> dict[str, int]:
+        return dict(self.counters)
+
+    def seconds_since_fetch(self) -> float:
+        return 0.0
+
+    def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None:
+        return self._divergence
+
+
+class FakeWriter:
+    """A TransitionWriter that keeps what it was given; reports the arrays' bytes as written."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[dict[str, Any], dict[str, np.ndarray]]] = []
+
+    def write(self, header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
+        self.written.append((dict(header), {k: np.array(v) for k, v in arrays.items()}))
+        return sum(np.asarray(v).nbytes for v in arrays.values())
+
+
+class FakeActor:
+    """Stands in for a chunks.actor.Actor where only closing matters (RunCache)."""
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1

@@ -1,0 +1,157 @@
+"""Double DQN on fixed batches, and its rate-limited step (pure logic, no server)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from learner.config import DQNConfig
+from learner.dqn import DQNLearner
+from learner.rate_limiter import RateLimiter
+from learner.replay import ReplayBuffer
+
+OBS_DIM, ACTIONS = 3, 2
+
+
+def make(
+    target_update_every: int = 10_000,
+    limiter: RateLimiter | None = None,
+    replay: ReplayBuffer | None = None,
+    **cfg,
+) -> DQNLearner:
+    config = DQNConfig(
+        lr=1e-2, batch_size=16, gamma=0.9, hidden="32", target_update_every=target_update_every
+    )
+    for k, v in cfg.items():
+        setattr(config, k, v)
+    return DQNLearner(
+        OBS_DIM,
+        ACTIONS,
+        config,
+        replay or ReplayBuffer(256, (OBS_DIM,), np.float32),
+        limiter or RateLimiter(samples_per_insert=1.0, min_size=16, error_buffer=16.0),
+        seed=0,
+    )
+
+
+def batch(n: int = 32, terminated: float = 0.0, next_scale: float = 1.0, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return {
+        "obs": rng.normal(size=(n, OBS_DIM)).astype(np.float32),
+        "action": rng.integers(ACTIONS, size=n).astype(np.int64),
+        "reward": rng.normal(size=n).astype(np.float32),
+        "next_obs": (next_scale * rng.normal(size=(n, OBS_DIM))).astype(np.float32),
+        "terminated": np.full(n, terminated, np.float32),
+    }
+
+
+def expected_loss(learner: DQNLearner, b: dict[str, np.ndarray]) -> float:
+    """The Double-DQN Huber loss, computed independently from the two networks."""
+    with torch.no_grad():
+        obs, next_obs = torch.from_numpy(b["obs"]), torch.from_numpy(b["next_obs"])
+        q_taken = learner.q(obs)[torch.arange(len(obs)), torch.from_numpy(b["action"])]
+        pick = learner.q(next_obs).argmax(dim=1)  # the online net picks,
+        next_q = learner.target(next_obs)[torch.arange(len(obs)), pick]  # the target evaluates
+        not_done = 1.0 - torch.from_numpy(b["terminated"])
+        target = torch.from_numpy(b["reward"]) + learner.cfg.gamma * not_done * next_q
+        return float(nn.functional.smooth_l1_loss(q_taken, target))
+
+
+def params(net: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_repeated_updates_on_one_batch_lower_the_td_loss():
+    learner, b = make(), batch()
+    losses = [learner.update(b) for _ in range(200)]
+    assert all(np.isfinite(losses))
+    assert losses[-1] < 0.1 * losses[0]
+    assert learner.updates == 200
+
+
+def test_update_returns_the_double_dqn_loss_before_its_step():
+    learner = make()
+    for seed in range(5):  # the online net drifts from the target: Double DQN differs from max
+        learner.update(batch(seed=seed))
+    b = batch(seed=99, next_scale=5.0)
+    want = expected_loss(learner, b)
+    assert learner.update(b) == pytest.approx(want, rel=1e-5)
+
+
+def test_terminated_transitions_do_not_bootstrap():
+    # Next states far out, so the (untrained) target net gives them large values.
+    done, going = batch(terminated=1.0, next_scale=100.0), batch(terminated=0.0, next_scale=100.0)
+    a, b = make(), make()  # the same seed: identical networks
+    rewards_only = float(
+        nn.functional.smooth_l1_loss(
+            a.q(torch.from_numpy(done["obs"])).detach()[
+                torch.arange(32), torch.from_numpy(done["action"])
+            ],
+            torch.from_numpy(done["reward"]),
+        )
+    )
+    loss_done, loss_going = a.update(done), b.update(going)
+    assert loss_done == pytest.approx(rewards_only, rel=1e-5)  # td target = reward alone
+    assert loss_going > 2 * loss_done  # bootstrapped from the large next-state values
+
+
+def test_non_terminal_transitions_bootstrap_from_the_target_net():
+    # Replay keeps only `terminated`: a time-limit truncation (terminated = 0) bootstraps too.
+    learner, b = make(), batch(terminated=0.0, next_scale=100.0)
+    with_bootstrap = expected_loss(learner, b)
+    assert learner.update(b) == pytest.approx(with_bootstrap, rel=1e-5)
+
+
+def test_target_network_copies_every_target_update_every_updates():
+    learner = make(target_update_every=3)
+    last_copy = params(learner.target)
+    assert same(last_copy, params(learner.q))
+    for i in range(1, 8):
+        learner.update(batch(seed=i))
+        if i % 3:  # between copies the target stays at the last copy while q trains on
+            assert same(params(learner.target), last_copy), i
+            assert not same(params(learner.target), params(learner.q)), i
+        else:
+            assert same(params(learner.target), params(learner.q)), i
+            assert not same(params(learner.target), last_copy), i
+            last_copy = params(learner.target)
+
+
+def test_step_waits_for_the_rate_limiter():
+    replay = ReplayBuffer(256, (OBS_DIM,), np.float32)
+    limiter = RateLimiter(samples_per_insert=1.0, min_size=16, error_buffer=16.0)
+    learner = make(limiter=limiter, replay=replay)
+    before = params(learner.q)
+    assert learner.step() is False  # replay below min_size: no sampling
+    assert learner.updates == 0 and limiter.samples == 0 and np.isnan(learner.last_loss)
+    assert same(before, params(learner.q))
+
+    b = batch(n=32)
+    replay.add(b["obs"], b["action"], b["reward"], b["next_obs"], b["terminated"])
+    limiter.on_insert(32)
+    ran = 0
+    while learner.step():
+        ran += 1
+        assert limiter.samples == 16 * ran and learner.updates == ran
+        assert np.isfinite(learner.last_loss)
+    # 32 inserts x 1 sample each, with sampling allowed down to target - error = 0:
+    # diff - batch >= 0 holds at 0 and 16 samples taken, not at 32.
+    assert ran == 2 and limiter.samples == 32
+    assert not same(before, params(learner.q))
+    limiter.on_insert(16)
+    assert learner.step() is True and limiter.samples == 48
+
+
+def test_get_weights_are_numpy_copies_named_for_numpy_mlp():
+    learner = make()
+    w = learner.get_weights()
+    assert set(w) == {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"}
+    assert w["layers.0.weight"].shape == (32, OBS_DIM) and w["layers.1.bias"].shape == (ACTIONS,)
+    learner.update(batch())
+    assert not np.array_equal(w["layers.0.weight"], learner.get_weights()["layers.0.weight"])

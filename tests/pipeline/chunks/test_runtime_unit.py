@@ -1,0 +1,149 @@
+"""RunCache and collect_chunk with fakes for the weight client and the writer (no server)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.chunks.actor import Actor, env_seeds, make_vector_env
+from pipeline.chunks.request import ChunkRequest
+from pipeline.chunks.runtime import RunCache, RunState, collect_chunk
+from pipeline.policy import NumpyMLP
+from tests.fakes import FakeActor, FakeWeightClient, FakeWriter, net
+
+
+def fake_state(version: int = 0) -> RunState:
+    return RunState(
+        actor=FakeActor(),
+        weights=FakeWeightClient(net(0), version=version),
+        writer=FakeWriter(),
+        actor_index=0,
+        rng=np.random.default_rng(0),
+    )
+
+
+def test_run_cache_evicts_and_closes_the_least_recently_used_run():
+    cache = RunCache(2)
+    a, b, c = fake_state(), fake_state(), fake_state()
+    cache.put("a", a)
+    cache.put("b", b)
+    assert cache.get("a") is a  # a is now the most recently used
+    cache.put("c", c)
+    assert "b" not in cache and "a" in cache and "c" in cache and len(cache) == 2
+    assert b.actor.closed == 1 and a.actor.closed == 0 and c.actor.closed == 0
+    assert cache.get("b") is None
+
+
+def test_run_cache_without_get_evicts_in_insertion_order():
+    cache = RunCache(2)
+    states = {name: fake_state() for name in "abc"}
+    for name, state in states.items():
+        cache.put(name, state)
+    assert "a" not in cache and states["a"].actor.closed == 1
+    assert states["b"].actor.closed == 0
+
+
+def test_run_cache_put_again_refreshes_without_closing():
+    cache = RunCache(2)
+    a, b = fake_state(), fake_state()
+    cache.put("a", a)
+    cache.put("b", b)
+    cache.put("a", a)
+    cache.put("c", fake_state())
+    assert "b" not in cache and "a" in cache and a.actor.closed == 0
+
+
+def test_run_cache_drop_closes_once():
+    cache = RunCache(3)
+    a = fake_state()
+    cache.put("a", a)
+    cache.drop("a")
+    assert "a" not in cache and len(cache) == 0 and a.actor.closed == 1
+    cache.drop("a")  # unknown run: nothing to close
+    assert a.actor.closed == 1
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_run_cache_needs_room_for_one_run(size):
+    with pytest.raises(ValueError, match="at least one run"):
+        RunCache(size)
+
+
+def cartpole_state(weights: FakeWeightClient, writer: FakeWriter, num_envs: int) -> RunState:
+    seeds = env_seeds(1, 3, num_envs)
+    return RunState(
+        actor=Actor(make_vector_env("CartPole-v1", {"max_episode_steps": 10}, num_envs), seeds),
+        weights=weights,
+        writer=writer,
+        actor_index=3,
+        rng=np.random.default_rng(seeds[0]),
+    )
+
+
+def test_collect_chunk_writes_a_header_and_returns_the_summary():
+    weights = FakeWeightClient(net(0), version=7, divergence=0.25)
+    writer = FakeWriter()
+    state = cartpole_state(weights, writer, num_envs=2)
+    req = ChunkRequest("run-x", 11, "CartPole-v1", 2, 15, seed=1, epsilon=0.0, sync="aps:0.25")
+    summary = collect_chunk(state, req, "w1:42")
+    state.close()
+
+    assert weights.syncs == [0.0]  # one sync check per chunk, with the chunk's epsilon
+    assert weights.steps_since_fetch == 30  # env steps recorded for interval rules
+    assert len(writer.written) == 1
+    header, arrays = writer.written[0]
+    rows = len(arrays["action"])
+    assert header == {
+        "run": "run-x",
+        "chunk": 11,
+        "worker": "w1:42",
+        "actor": 3,
+        "policy_version": 7,
+        "divergence": 0.25,
+        "env_steps": 30,
+        "episodes": header["episodes"],
+        "sync": {"version_checks": 1, "weight_fetches": 0, "weight_bytes": 0},
+    }
+    # 15 steps, episodes of at most 10: each env finished one; none on the chunk's last step,
+    # so every finished episode's reset step was dropped here.
+    assert len(header["episodes"]) >= 2 and rows == 30 - len(header["episodes"])
+    assert sum(length for _, length in header["episodes"]) <= rows
+    # ε = 0: every action is the greedy one of the policy the client returned.
+    greedy = NumpyMLP(net(0))(arrays["obs"]).argmax(axis=1)
+    np.testing.assert_array_equal(arrays["action"], greedy)
+    assert summary == {
+        "chunk": 11,
+        "worker": "w1:42",
+        "steps": 30,
+        "transitions": rows,
+        "episodes_finished": len(header["episodes"]),
+        "policy_version": 7,
+        "bytes": sum(a.nbytes for a in arrays.values()),
+        "version_checks": 1,
+        "weight_fetches": 0,
+        "weight_bytes": 0,
+    }
+
+
+def test_collect_chunk_explores_with_epsilon_one():
+    weights, writer = FakeWeightClient(net(0)), FakeWriter()
+    state = cartpole_state(weights, writer, num_envs=4)
+    req = ChunkRequest("run-x", 0, "CartPole-v1", 4, 25, seed=1, epsilon=1.0)
+    collect_chunk(state, req, "w")
+    state.close()
+    _, arrays = writer.written[0]
+    greedy = NumpyMLP(net(0))(arrays["obs"]).argmax(axis=1)
+    assert 0.3 < float((arrays["action"] != greedy).mean()) < 0.7  # uniform: half disagree
+    assert weights.syncs == [1.0]
+
+
+def test_collect_chunk_reports_each_chunk_of_a_run():
+    weights, writer = FakeWeightClient(net(0), version=2), FakeWriter()
+    state = cartpole_state(weights, writer, num_envs=2)
+    for chunk_id in range(3):
+        req = ChunkRequest("run-x", chunk_id, "CartPole-v1", 2, 4, seed=1, epsilon=0.1)
+        assert collect_chunk(state, req, "w")["chunk"] == chunk_id
+    state.close()
+    assert [h["chunk"] for h, _ in writer.written] == [0, 1, 2]
+    assert [h["sync"]["version_checks"] for h, _ in writer.written] == [1, 2, 3]
+    assert weights.steps_since_fetch == 3 * 8

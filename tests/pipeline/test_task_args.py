@@ -1,0 +1,102 @@
+"""Task arguments checked field by field: ChunkRequest and ShardSpec from JSON (no server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.chunks.request import ChunkRequest
+from pipeline.remote_env.messages import ShardSpec
+from pipeline.task_args import TaskArgsError
+
+REQ = ChunkRequest("run-t", 4, "CartPole-v1", 2, 8, seed=1, epsilon=0.25, env_kwargs={"g": 9.8})
+SPEC = ShardSpec("sess", 1, "CartPole-v1", [2, 3], heartbeat_ttl_s=3.0, idle_timeout_s=300.0)
+
+
+def refused(cls, data) -> str:
+    with pytest.raises(TaskArgsError) as exc:
+        cls.from_json(data)
+    message = str(exc.value)
+    assert "\n" not in message  # one line, fit for a log or a task failure
+    return message
+
+
+@pytest.mark.parametrize(
+    "cls, changes, names",
+    [
+        (ChunkRequest, {"sync": 3}, ["ChunkRequest.sync", "a string", "int 3"]),
+        (ChunkRequest, {"num_envs": True}, ["ChunkRequest.num_envs", "an integer", "bool"]),
+        (ChunkRequest, {"chunk_id": 4.0}, ["ChunkRequest.chunk_id", "an integer", "float"]),
+        (ChunkRequest, {"epsilon": "0.1"}, ["ChunkRequest.epsilon", "a number", "str"]),
+        (ChunkRequest, {"epsilon": False}, ["ChunkRequest.epsilon", "a number", "bool"]),
+        (ChunkRequest, {"run_id": None}, ["ChunkRequest.run_id", "a string", "null"]),
+        (ChunkRequest, {"env_kwargs": [1]}, ["ChunkRequest.env_kwargs", "a JSON object", "list"]),
+        (ShardSpec, {"env_indices": ["0", "1"]}, ["ShardSpec.env_indices", "a list of integers"]),
+        (ShardSpec, {"env_indices": 3}, ["ShardSpec.env_indices", "a list of integers", "int"]),
+        (ShardSpec, {"heartbeat_ttl_s": "3"}, ["ShardSpec.heartbeat_ttl_s", "a number", "str"]),
+        (ShardSpec, {"shard": True}, ["ShardSpec.shard", "an integer", "bool"]),
+    ],
+)
+def test_wrong_types_are_refused_naming_the_field(cls, changes, names):
+    base = REQ if cls is ChunkRequest else SPEC
+    message = refused(cls, base.to_json() | changes)
+    for part in names:
+        assert part in message, message
+
+
+@pytest.mark.parametrize("cls, base", [(ChunkRequest, REQ), (ShardSpec, SPEC)])
+def test_a_missing_required_field_is_named(cls, base):
+    data = base.to_json()
+    del data["env_id"]
+    message = refused(cls, data)
+    assert cls.__name__ in message and "env_id" in message
+
+
+@pytest.mark.parametrize("data, got", [([1, 2], "list"), (None, "null"), ("{}", "str")])
+def test_non_objects_are_refused(data, got):
+    message = refused(ChunkRequest, data)
+    assert message == f"ChunkRequest: expected a JSON object, got {got}"
+
+
+def test_unknown_fields_are_named():
+    message = refused(ShardSpec, SPEC.to_json() | {"pickle": True, "exec": 1})
+    assert message == "unknown ShardSpec fields: exec, pickle"
+
+
+def test_ints_are_accepted_for_floats():
+    req = ChunkRequest.from_json(REQ.to_json() | {"epsilon": 1, "max_lag_seconds": 5})
+    assert req.epsilon == 1 and req.max_lag_seconds == 5
+    spec = ShardSpec.from_json(SPEC.to_json() | {"heartbeat_ttl_s": 2, "idle_timeout_s": 60})
+    assert spec.heartbeat_ttl_s == 2 and spec.idle_timeout_s == 60
+
+
+def test_optional_fields_take_their_defaults():
+    data = {k: v for k, v in REQ.to_json().items() if k not in ("sync", "env_kwargs")}
+    req = ChunkRequest.from_json(data)
+    assert req.sync == ChunkRequest.__dataclass_fields__["sync"].default
+    assert req.env_kwargs == {}
+
+
+@pytest.mark.parametrize("args", [REQ, SPEC])
+def test_round_trip_through_json(args):
+    wire = json.loads(json.dumps(args.to_json()))
+    assert type(args).from_json(wire) == args
+    assert type(args).from_json(wire).to_json() == args.to_json()
+
+
+@pytest.mark.parametrize(
+    "changes, part",
+    [
+        ({"steps": 0}, "num_envs and steps must be >= 1"),
+        ({"epsilon": 1.5}, "epsilon must be in [0, 1]"),
+        ({"max_lag_versions": -1}, "must be >= 0"),
+        ({"sync": "sometimes"}, "unknown sync policy 'sometimes'"),
+    ],
+)
+def test_well_typed_but_bad_values_are_refused_by_check(changes, part):
+    assert part in refused(ChunkRequest, REQ.to_json() | changes)
+
+
+def test_task_args_errors_are_value_errors():
+    assert issubclass(TaskArgsError, ValueError)
