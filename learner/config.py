@@ -126,6 +126,15 @@ class EvalConfig:
     """env steps between greedy evaluations"""
     eval_episodes: int = 10
     """episodes per greedy evaluation (their mean is compared to the target)"""
+    eval_tasks: int = 0
+    """worker tasks one evaluation is split into; 0: half the live worker processes (at least 1)"""
+    eval_timeout_s: float = 120.0
+    """seconds an evaluation may take before it is given up (and, at the end of a run, skipped)"""
+
+    def parts(self, alive_processes: int) -> int:
+        """Tasks for one evaluation: never more than its episodes."""
+        wanted = self.eval_tasks or max(1, alive_processes // 2)
+        return max(1, min(wanted, self.eval_episodes))
 
 
 @dataclass
@@ -174,6 +183,7 @@ class TrainConfig:
             (self.weights, "reference_every"), (self.weights, "weight_ttl_s"),
             (self.weights, "weights_kept"), (self.replay, "updates_per_turn"),
             (self.dispatch, "chunks_per_process"), (self.dispatch, "lost_after_s"),
+            (self.evaluation, "eval_timeout_s"),
         ]  # fmt: skip
         for part, name in positive:
             if getattr(part, name) <= 0:
@@ -188,6 +198,8 @@ class TrainConfig:
             raise ValueError(f"--gamma must be in (0, 1], got {self.dqn.gamma}")
         if self.dqn.lr <= 0 or self.replay.samples_per_insert <= 0:
             raise ValueError("--lr and --samples-per-insert must be positive")
+        if self.evaluation.eval_tasks < 0:
+            raise ValueError(f"--eval-tasks must be >= 0, got {self.evaluation.eval_tasks}")
         if self.replay.error_buffer_chunks < 0:
             raise ValueError("--error-buffer-chunks must be >= 0")
         c = self.collection
@@ -195,10 +207,11 @@ class TrainConfig:
             raise ValueError("need 0 <= --eps-end <= --eps-start <= 1")
         if self.torch_threads < 1:
             raise ValueError(f"--torch-threads must be >= 1, got {self.torch_threads}")
-        if self.weights.max_lag_versions < 0 or self.weights.max_lag_seconds < 0:
+        w = self.weights
+        if w.max_lag_versions < 0 or not w.max_lag_seconds >= 0:
             raise ValueError("--max-lag-versions and --max-lag-seconds must be >= 0")
         self.dqn.hidden_sizes()  # raises on a bad list
-        parse_sync(self.weights.sync)
+        parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds)
 
     def local_workers(self) -> int:
         if self.workers is not None:

@@ -1,38 +1,121 @@
-"""Greedy evaluation: one episode in each of `episodes` envs, acting with argmax Q."""
+"""Greedy evaluation, requested from the workers: the learner process never steps an env.
+
+One evaluation at a time is in flight, split into at most `eval_tasks` parts (a budget of worker
+processes), so evaluation never takes more than that share of the workers from collection. Each
+result is recorded against the version and the env step it was asked about.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
+import redis
 
-from pipeline.chunks.actor import make_vector_env
-from pipeline.policy import NumpyMLP
+from pipeline.evaluation.request import EVALUATE_TASK, EvalRequest
+from pipeline.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+SendTask = Callable[[str, dict], None]
 
 
-class Evaluator:
-    """Keeps its eval envs between calls; each call runs fresh episodes on new seeds."""
+@dataclass
+class EvalResult:
+    """A finished evaluation: the version and env step it was asked about, and its returns."""
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any], episodes: int, seed: int):
-        self.envs = make_vector_env(env_id, env_kwargs, episodes)
-        self.episodes = episodes
-        self.seed = seed
-        self.calls = 0
+    eval_id: int
+    version: int
+    env_steps: int
+    requested_at: float
+    returns: np.ndarray
+    versions_evaluated: set[int] = field(default_factory=set)
 
-    def run(self, weights: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Undiscounted returns of `episodes` greedy episodes."""
-        policy = NumpyMLP(weights)
-        n = self.episodes
-        obs, _ = self.envs.reset(seed=[self.seed + self.calls * n + i for i in range(n)])
-        self.calls += 1
-        returns = np.zeros(n)
-        running = np.ones(n, dtype=bool)
-        while running.any():
-            obs, reward, terminated, truncated, _ = self.envs.step(policy(obs).argmax(axis=1))
-            returns += np.where(running, reward, 0.0)
-            running &= ~(terminated | truncated)
-        return returns
 
-    def close(self) -> None:
-        self.envs.close()
+@dataclass
+class _Pending:
+    result: EvalResult
+    parts: int
+    returns: dict[int, list[float]] = field(default_factory=dict)
+
+
+class RemoteEvaluation:
+    """Sends `clusterenv.evaluate` parts through `send`; collects their results from Redis."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        send: SendTask,
+        env_id: str,
+        env_kwargs: dict,
+        episodes: int,
+        seed: int,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.client, self.keys, self.send = client, keys, send
+        self.env_id, self.env_kwargs, self.episodes, self.seed = env_id, env_kwargs, episodes, seed
+        self.clock = clock
+        self.next_id = 0
+        self.pending: _Pending | None = None
+        self.errors = 0
+
+    def request(self, version: int, env_steps: int, parts: int) -> None:
+        """Ask for `episodes` greedy episodes of `version`, split over `parts` tasks."""
+        assert self.pending is None, "one evaluation at a time"
+        eval_id, n = self.next_id, self.episodes
+        self.next_id += 1
+        seeds = [self.seed + eval_id * n + i for i in range(n)]
+        blocks = [b.tolist() for b in np.array_split(np.array(seeds), min(parts, n))]
+        for part, block in enumerate(blocks):
+            req = EvalRequest(
+                self.keys.run_id, eval_id, part, version, self.env_id, block, self.env_kwargs
+            )
+            self.send(EVALUATE_TASK, req.to_json())
+        result = EvalResult(eval_id, version, env_steps, self.clock(), np.zeros(0))
+        self.pending = _Pending(result, len(blocks))
+
+    def waiting_s(self) -> float:
+        return self.clock() - self.pending.result.requested_at if self.pending else 0.0
+
+    def results(self) -> Iterator[EvalResult]:
+        """Evaluations whose every part has arrived since the last call."""
+        while True:
+            raw = self.client.lpop(self.keys.eval_results)
+            if raw is None:
+                return
+            done = self._take(raw)
+            if done is not None:
+                yield done
+
+    def _take(self, raw: bytes) -> EvalResult | None:
+        try:
+            msg = json.loads(raw)
+            eval_id, part, version = int(msg["eval"]), int(msg["part"]), int(msg["version"])
+        except (ValueError, KeyError, TypeError) as exc:
+            self.errors += 1
+            log.warning("bad eval result %r: %s", raw[:200], exc)
+            return None
+        p = self.pending
+        if p is None or eval_id != p.result.eval_id or part in p.returns:
+            return None  # a redelivered part, or the late answer to an abandoned evaluation
+        if "error" in msg or not isinstance(msg.get("returns"), list):
+            self.errors += 1
+            log.warning("evaluation %d part %d failed: %s", eval_id, part, msg.get("error"))
+            p.returns[part] = []
+        else:
+            p.returns[part] = [float(r) for r in msg["returns"]]
+            p.result.versions_evaluated.add(version)
+        if len(p.returns) < p.parts:
+            return None
+        p.result.returns = np.array([r for i in sorted(p.returns) for r in p.returns[i]])
+        self.pending = None
+        return p.result if len(p.result.returns) else None
+
+    def abandon(self) -> None:
+        """Give up the evaluation in flight (its late parts are ignored)."""
+        self.pending = None

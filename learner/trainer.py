@@ -3,13 +3,15 @@
 The ingest thread (learner/ingest.py) reads the transition stream into replay. The main thread
 turns: take note of arrived chunks and keep the workers busy (dispatch), run up to
 `updates_per_turn` gradient steps the rate limiter allows (publishing a version every
-`publish_every`), and evaluate greedily every `eval_every` env steps, until the target return
-or the budget.
+`publish_every`), and every `eval_every` env steps ask the workers for a greedy evaluation of the
+current weights (learner/evaluation.py), recording each result when it comes back, until a
+result reaches the target return or the budget is spent.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +24,7 @@ from learner.checkpoint import save_checkpoint
 from learner.config import TrainConfig
 from learner.dqn import DQNLearner
 from learner.envs import env_spaces
-from learner.evaluation import Evaluator
+from learner.evaluation import EvalResult, RemoteEvaluation
 from learner.ingest import Ingest
 from learner.metrics import MetricsWriter
 from learner.progress import Progress
@@ -36,6 +38,8 @@ from pipeline.cluster.registry import WorkerRegistry
 from pipeline.connect import connect
 from pipeline.keys import RunKeys
 from pipeline.sync.source import RedisWeightSource
+
+log = logging.getLogger(__name__)
 
 # Once the run ends, late chunks see `stop` and return at once; the run's keys expire after this.
 RUN_KEYS_EXPIRE_S = 3600
@@ -101,9 +105,10 @@ class Trainer:
             lambda name, kwargs: self.celery.send_task(name, kwargs=kwargs),
             WorkerRegistry(self.client).alive_processes, template, chunk, cfg.dispatch,
         )  # fmt: skip
-        self.evaluator = Evaluator(
-            cfg.env, cfg.env_kwargs, cfg.evaluation.eval_episodes, seed=cfg.seed + 10**6
-        )
+        self.evaluation = RemoteEvaluation(
+            self.client, self.keys, lambda name, kwargs: self.celery.send_task(name, kwargs=kwargs),
+            cfg.env, cfg.env_kwargs, cfg.evaluation.eval_episodes, seed=cfg.seed + 10**6,
+        )  # fmt: skip
         self.accounting = RunAccounting()
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
 
@@ -135,11 +140,12 @@ class Trainer:
     def publish(self) -> None:
         self.publisher.publish(self.learner.get_weights(), self.learner.updates)
 
-    def evaluate(self, wall_s: float) -> float:
-        """Greedy returns of the current weights, logged as one metrics row; their mean."""
-        returns = self.evaluator.run(self.learner.get_weights())
-        self._log_eval(returns, wall_s)
-        return float(returns.mean())
+    def request_eval(self) -> None:
+        """Ask the workers to evaluate the current weights (published first if they are new)."""
+        if self.publisher.updates_at_version[-1] != self.learner.updates:
+            self.publish()
+        parts = self.cfg.evaluation.parts(self.dispatcher.slots())
+        self.evaluation.request(self.publisher.version, self.accounting.env_steps, parts)
 
     def _finished_collecting(self) -> bool:
         return self.accounting.env_steps >= self.cfg.total_steps and not self.dispatcher.in_flight
@@ -154,25 +160,33 @@ class Trainer:
         progress = Progress(cfg.total_steps)
         next_eval, best, solved, interrupted = cfg.evaluation.eval_every, -np.inf, False, False
         evals: list[tuple[int, float]] = []
-        last_eval = float("nan")
+        last_eval, asked_at = float("nan"), -1  # env steps of the latest evaluation requested
         try:
-            while True:
+            while not solved:
                 self.collect()
                 trained = self.train()
                 steps = self.accounting.env_steps
                 out_of_work = self._finished_collecting() and not trained
-                if steps >= next_eval or out_of_work:
-                    next_eval = steps + cfg.evaluation.eval_every
+                if self.evaluation.pending is None and (
+                    steps >= next_eval or (out_of_work and asked_at != steps)
+                ):
+                    next_eval, asked_at = steps + cfg.evaluation.eval_every, steps
+                    self.request_eval()
+                elif self.evaluation.waiting_s() > cfg.evaluation.eval_timeout_s:
+                    log.warning("evaluation of v%d at %d env steps took over %.0f s; given up",
+                                self.evaluation.pending.result.version, asked_at,
+                                cfg.evaluation.eval_timeout_s)  # fmt: skip
+                    self.evaluation.abandon()
+                for result in self.evaluation.results():
                     wall = time.perf_counter() - t0
-                    last_eval = self.evaluate(wall)
+                    last_eval = float(result.returns.mean())
                     best = max(best, last_eval)
-                    evals.append((steps, last_eval))
-                    progress.evaluated(steps, last_eval, self.publisher.version, wall)
-                    if self.target is not None and last_eval >= self.target:
-                        solved = True
-                        break
-                    if out_of_work:
-                        break
+                    evals.append((result.env_steps, last_eval))
+                    self._log_eval(result, wall)
+                    progress.evaluated(result.env_steps, last_eval, result.version, wall)
+                    solved = self.target is not None and last_eval >= self.target
+                if out_of_work and self.evaluation.pending is None and asked_at == steps:
+                    break
                 progress.tick(
                     steps, last_eval, self.publisher.version,
                     lambda: self.accounting.sync_totals().get("weight_fetches", 0),
@@ -203,13 +217,17 @@ class Trainer:
         for arrival in self.ingest.arrivals():
             self.accounting.record(arrival)
 
-    def _log_eval(self, returns: np.ndarray, wall: float) -> None:
-        acc = self.accounting
+    def _log_eval(self, result: EvalResult, wall: float) -> None:
+        """One metrics row per finished evaluation: `env_steps` and `eval/policy_version` are what
+        it was asked about; `wall_s` is when its result reached the learner."""
+        acc, returns = self.accounting, result.returns
         row = {
-            "env_steps": acc.env_steps,
+            "env_steps": result.env_steps,
             "wall_s": round(wall, 3),
             "eval/return_mean": float(returns.mean()),
             "eval/return_std": float(returns.std()),
+            "eval/policy_version": result.version,
+            "eval/latency_s": round(self.evaluation.clock() - result.requested_at, 3),
             "charts/episodic_return": acc.recent_return(),
             "losses/td_loss": self.learner.last_loss,
             "learner/updates": self.learner.updates,
@@ -247,5 +265,4 @@ class Trainer:
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self.metrics.close()
-        self.evaluator.close()
         self.celery.close()

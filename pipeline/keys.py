@@ -61,6 +61,11 @@ class RunKeys:
         return f"{self.base}:actors"
 
     @property
+    def eval_results(self) -> str:
+        """List of JSON eval results, worker RPUSH → learner LPOP."""
+        return f"{self.base}:evals"
+
+    @property
     def stop(self) -> str:
         """Set when the run ends, so workers drop its cached envs and late chunks stop."""
         return f"{self.base}:stopped"

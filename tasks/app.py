@@ -8,7 +8,7 @@ from pipeline.cluster.heartbeat import Heartbeat
 from pipeline.cluster.registry import WorkerRegistry
 from pipeline.connect import connect
 
-app = Celery("clusterenv", include=["tasks.collect", "tasks.env_shard"])
+app = Celery("clusterenv", include=["tasks.collect", "tasks.evaluate", "tasks.env_shard"])
 app.config_from_object("celeryconfig")
 
 

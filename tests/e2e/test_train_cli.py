@@ -146,6 +146,26 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
 
 
 @pytest.mark.slow
+def test_evaluation_runs_on_the_workers_not_in_the_learner(tmp_path):
+    steppers = tmp_path / "steppers.txt"
+    proc = start_cli(
+        ["train", "--env", "tests.e2e.step_recorder:StepRecorder-v0",
+         "--env-kwargs", json.dumps({"log_path": str(steppers)}), "--total-steps", "3000",
+         "--eval-every", "1000", "--eval-episodes", "4", "--workers", "2",
+         "--run-dir", str(tmp_path / "runs")], uuid.uuid4().hex,
+    )  # fmt: skip
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    rows = read_metrics(only_run_dir(tmp_path / "runs") / "metrics.jsonl")
+    assert len(rows) >= 3, rows  # evaluations came back and were recorded
+    for row in rows:
+        assert row["eval/policy_version"] <= row["learner/policy_version"]
+        assert row["eval/latency_s"] >= 0
+    pids = {int(line) for line in steppers.read_text().split()}
+    assert pids and proc.pid not in pids, pids  # envs were stepped, never by the learner
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_stops_the_run_cleanly(tmp_path, sig):
     mark = uuid.uuid4().hex

@@ -1,0 +1,75 @@
+"""Worker side of evaluation: greedy episodes of a published weight version, result to the learner.
+
+The eval envs are apart from the collection envs (their own instances and seeds) and are kept
+between requests of the same shape. The result (JSON: the returns, the version actually
+evaluated) goes onto the run's eval-results list, where the learner picks it up.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import redis
+
+from pipeline.chunks.actor import make_vector_env
+from pipeline.codec import decode_weights
+from pipeline.evaluation.request import EvalRequest
+from pipeline.keys import RunKeys
+from pipeline.policy import NumpyMLP
+
+# The learner reads results within seconds; a result nobody reads must not stay forever.
+RESULTS_TTL_S = 3600
+
+
+def greedy_returns(envs: gym.vector.VectorEnv, policy: NumpyMLP, seeds: list[int]) -> np.ndarray:
+    """Undiscounted return of one greedy episode in each env, env i reset with `seeds[i]`."""
+    obs, _ = envs.reset(seed=seeds)
+    returns = np.zeros(envs.num_envs)
+    running = np.ones(envs.num_envs, dtype=bool)
+    while running.any():
+        obs, reward, terminated, truncated, _ = envs.step(policy(obs).argmax(axis=1))
+        returns += np.where(running, reward, 0.0)
+        running &= ~(terminated | truncated)
+    return returns
+
+
+class EvalRunner:
+    """Per-process: eval envs by (env id, kwargs, count), weights fetched per request."""
+
+    def __init__(self, client: redis.Redis, worker_name: str):
+        self.client, self.worker_name = client, worker_name
+        self._envs: tuple[str, gym.vector.VectorEnv] | None = None
+
+    def _vector_env(self, req: EvalRequest) -> gym.vector.VectorEnv:
+        shape = json.dumps([req.env_id, req.env_kwargs, len(req.seeds)], sort_keys=True)
+        if self._envs is None or self._envs[0] != shape:
+            if self._envs is not None:
+                self._envs[1].close()
+            self._envs = (shape, make_vector_env(req.env_id, req.env_kwargs, len(req.seeds)))
+        return self._envs[1]
+
+    def run(self, req: EvalRequest) -> dict[str, Any]:
+        keys = RunKeys(req.run_id)
+        if self.client.exists(keys.stop):
+            return {"eval": req.eval_id, "part": req.part, "skipped": "run stopped"}
+        version, blob = req.version, self.client.get(keys.weights(req.version))
+        if blob is None:  # retention dropped it meanwhile: evaluate the newest, and say so
+            latest = self.client.get(keys.weights_latest)
+            version = int(latest) if latest is not None else -1
+            blob = self.client.get(keys.weights(version)) if version >= 0 else None
+        if blob is None:
+            result: dict[str, Any] = {"error": f"no weights for version {req.version}"}
+        else:
+            policy = NumpyMLP(decode_weights(blob))
+            returns = greedy_returns(self._vector_env(req), policy, req.seeds)
+            result = {"returns": [float(r) for r in returns]}
+        result |= {"eval": req.eval_id, "part": req.part, "version": version,
+                   "worker": self.worker_name}  # fmt: skip
+        pipe = self.client.pipeline(transaction=True)
+        pipe.rpush(keys.eval_results, json.dumps(result))
+        pipe.expire(keys.eval_results, RESULTS_TTL_S)
+        pipe.execute()
+        return result

@@ -1,0 +1,110 @@
+"""Greedy evaluation on real workers: the same returns as a local rollout, split over tasks, and
+results taken once whatever arrives twice or late."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from learner.evaluation import RemoteEvaluation
+from pipeline.cluster.celery_client import celery_client
+from pipeline.evaluation.request import EvalRequest
+from pipeline.evaluation.runner import greedy_returns
+from pipeline.keys import RunKeys
+from pipeline.policy import NumpyMLP
+from pipeline.sync.source import RedisWeightSource
+from tests.fakes import FakeClock, RecordingSend, net, url_of
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def wait_for(evaluation: RemoteEvaluation, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = list(evaluation.results())
+        if done:
+            return done
+        assert time.monotonic() < deadline, "evaluation did not come back"
+        time.sleep(0.05)
+
+
+def local_returns(weights, seeds: list[int]) -> np.ndarray:
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * len(seeds))
+    try:
+        return greedy_returns(envs, NumpyMLP(weights), seeds)
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_workers_return_what_a_local_rollout_returns(workers, client, run_id, parts):
+    RedisWeightSource(client, RunKeys(run_id)).publish(net(0))
+    celery = celery_client(url_of(client))
+    try:
+        evaluation = RemoteEvaluation(
+            client, RunKeys(run_id), lambda name, kw: celery.send_task(name, kwargs=kw),
+            "CartPole-v1", {}, episodes=5, seed=100,
+        )  # fmt: skip
+        evaluation.request(version=0, env_steps=1234, parts=parts)
+        (result,) = wait_for(evaluation)
+    finally:
+        celery.close()
+    assert result.version == 0 and result.env_steps == 1234
+    assert result.versions_evaluated == {0}
+    np.testing.assert_array_equal(result.returns, local_returns(net(0), [100, 101, 102, 103, 104]))
+    assert evaluation.pending is None
+
+
+def test_parts_split_the_episodes_and_duplicates_count_once(client, run_id):
+    keys, send, clock = RunKeys(run_id), RecordingSend(), FakeClock()
+    evaluation = RemoteEvaluation(client, keys, send, "CartPole-v1", {}, 5, seed=10, clock=clock)
+    evaluation.request(version=3, env_steps=50, parts=2)
+    reqs = [EvalRequest.from_json(kw) for _, kw in send.sent]
+    assert [r.seeds for r in reqs] == [[10, 11, 12], [13, 14]]
+    part = {"eval": 0, "version": 3, "worker": "w"}
+    client.rpush(keys.eval_results, json.dumps(part | {"part": 0, "returns": [1.0, 2.0, 3.0]}))
+    client.rpush(keys.eval_results, json.dumps(part | {"part": 0, "returns": [9.0, 9.0, 9.0]}))
+    assert list(evaluation.results()) == [] and evaluation.pending is not None
+    clock.advance(7.0)
+    assert evaluation.waiting_s() == 7.0
+    client.rpush(keys.eval_results, b"not json")
+    client.rpush(keys.eval_results, json.dumps(part | {"part": 1, "returns": [4.0, 5.0]}))
+    (result,) = list(evaluation.results())
+    np.testing.assert_array_equal(result.returns, [1, 2, 3, 4, 5])  # the redelivery was dropped
+    assert evaluation.errors == 1  # the junk entry, counted and skipped
+    # A late part of an evaluation already finished is ignored.
+    client.rpush(keys.eval_results, json.dumps(part | {"part": 1, "returns": [0.0, 0.0]}))
+    assert list(evaluation.results()) == []
+
+
+def test_an_evicted_version_is_evaluated_as_the_newest_and_said_so(workers, client, run_id):
+    keys = RunKeys(run_id)
+    source = RedisWeightSource(client, keys, keep=1)
+    source.publish(net(0))
+    source.publish(net(5))  # v0 is deleted
+    celery = celery_client(url_of(client))
+    try:
+        evaluation = RemoteEvaluation(
+            client, keys, lambda name, kw: celery.send_task(name, kwargs=kw),
+            "CartPole-v1", {}, episodes=2, seed=7,
+        )  # fmt: skip
+        evaluation.request(version=0, env_steps=0, parts=1)
+        (result,) = wait_for(evaluation)
+    finally:
+        celery.close()
+    assert result.version == 0 and result.versions_evaluated == {1}
+    np.testing.assert_array_equal(result.returns, local_returns(net(5), [7, 8]))
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [({"seeds": []}, "seeds must not be empty"), ({"version": "3"}, "EvalRequest.version")],
+)
+def test_bad_eval_requests_are_refused(bad, message):
+    good = EvalRequest("r", 0, 0, 0, "CartPole-v1", [1, 2]).to_json()
+    with pytest.raises(ValueError, match=message):
+        EvalRequest.from_json(good | bad)
