@@ -93,6 +93,8 @@ class DQNConfig:
     """gradient steps between target-network copies"""
     max_grad_norm: float = 10.0
     """gradient clipping norm"""
+    double: bool = True
+    """Double DQN targets (the online net picks the next action); --no-double: plain DQN's max"""
 
     def hidden_sizes(self) -> list[int]:
         try:
@@ -126,6 +128,8 @@ class EvalConfig:
     """env steps between greedy evaluations"""
     eval_episodes: int = 10
     """episodes per greedy evaluation (their mean is compared to the target)"""
+    solve_evals: int = 1
+    """consecutive evaluations at or above the target that stop the run (2: robust to one lucky eval)"""
     eval_tasks: int = 0
     """worker tasks one evaluation is split into; 0: half the live worker processes (at least 1)"""
     eval_timeout_s: float = 120.0
@@ -183,7 +187,7 @@ class TrainConfig:
             (self.weights, "reference_every"), (self.weights, "weight_ttl_s"),
             (self.weights, "weights_kept"), (self.replay, "updates_per_turn"),
             (self.dispatch, "chunks_per_process"), (self.dispatch, "lost_after_s"),
-            (self.evaluation, "eval_timeout_s"),
+            (self.evaluation, "eval_timeout_s"), (self.evaluation, "solve_evals"),
         ]  # fmt: skip
         for part, name in positive:
             if getattr(part, name) <= 0:

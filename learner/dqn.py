@@ -79,16 +79,18 @@ class DQNLearner:
         action = torch.from_numpy(batch["action"])
         reward = torch.from_numpy(batch["reward"])
         terminated = torch.from_numpy(batch["terminated"])
-        n = len(obs)
-        # One forward over obs and next_obs: the online net both scores the taken action and,
-        # detached, picks the next action (Double DQN); the target net evaluates that pick.
-        q_all = self.q(torch.cat([obs, next_obs]))
-        with torch.no_grad():
-            next_action = q_all[n:].argmax(dim=1, keepdim=True)
-            next_q = self.target(next_obs).gather(1, next_action).squeeze(1)
+        # Double DQN: the online net picks the next action, the target net values it. No autograd
+        # there, and the backward pass then runs over the batch, not batch + next states
+        # (bench/update_cost.py: 1.5 -> 1.3 ms per step here).
+        with torch.inference_mode():
+            if self.cfg.double:
+                next_action = self.q(next_obs).argmax(dim=1, keepdim=True)
+                next_q = self.target(next_obs).gather(1, next_action).squeeze(1)
+            else:
+                next_q = self.target(next_obs).max(dim=1).values
             td_target = reward + self.cfg.gamma * (1.0 - terminated) * next_q
-        q_taken = q_all[:n].gather(1, action.unsqueeze(1)).squeeze(1)
-        loss = nn.functional.smooth_l1_loss(q_taken, td_target)
+        q_taken = self.q(obs).gather(1, action.unsqueeze(1)).squeeze(1)
+        loss = nn.functional.smooth_l1_loss(q_taken, td_target.clone())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self._params, self.cfg.max_grad_norm, foreach=True)

@@ -161,6 +161,7 @@ class Trainer:
         next_eval, best, solved, interrupted = cfg.evaluation.eval_every, -np.inf, False, False
         evals: list[tuple[int, float]] = []
         last_eval, asked_at = float("nan"), -1  # env steps of the latest evaluation requested
+        hits = 0  # consecutive evaluations at or above the target
         try:
             while not solved:
                 self.collect()
@@ -184,7 +185,8 @@ class Trainer:
                     evals.append((result.env_steps, last_eval))
                     self._log_eval(result, wall)
                     progress.evaluated(result.env_steps, last_eval, result.version, wall)
-                    solved = self.target is not None and last_eval >= self.target
+                    hits = hits + 1 if self.target is not None and last_eval >= self.target else 0
+                    solved = hits >= cfg.evaluation.solve_evals
                 if out_of_work and self.evaluation.pending is None and asked_at == steps:
                     break
                 progress.tick(

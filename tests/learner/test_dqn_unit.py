@@ -155,3 +155,33 @@ def test_get_weights_are_numpy_copies_named_for_numpy_mlp():
     assert w["layers.0.weight"].shape == (32, OBS_DIM) and w["layers.1.bias"].shape == (ACTIONS,)
     learner.update(batch())
     assert not np.array_equal(w["layers.0.weight"], learner.get_weights()["layers.0.weight"])
+
+
+def test_plain_dqn_bootstraps_on_the_target_nets_max():
+    """--no-double: the TD target uses max_a Q_target(s', a), not Q_target(s', argmax_a Q(s', a))."""
+    import torch
+
+    from learner.config import DQNConfig
+    from learner.dqn import DQNLearner
+    from learner.rate_limiter import RateLimiter
+    from learner.replay import ReplayBuffer
+
+    replay = ReplayBuffer(10, (4,), np.float32)
+    limiter = RateLimiter(1.0, 1, 0.0)
+    targets = {}
+    for double in (True, False):
+        learner = DQNLearner(4, 2, DQNConfig(double=double, lr=1e-9), replay, limiter, seed=3)
+        with torch.no_grad():  # online net prefers action 0, target net values action 1 higher
+            for net, (a0, a1) in ((learner.q, (5.0, 0.0)), (learner.target, (1.0, 9.0))):
+                last = net.layers[-1]
+                last.weight.zero_()
+                last.bias.copy_(torch.tensor([a0, a1]))
+        batch = {
+            "obs": np.zeros((1, 4), np.float32), "next_obs": np.zeros((1, 4), np.float32),
+            "action": np.zeros(1, np.int64), "reward": np.zeros(1, np.float32),
+            "terminated": np.zeros(1, np.float32),
+        }  # fmt: skip
+        # Huber loss at q_taken = 5: |target - 5| - 0.5 for a large error.
+        targets[double] = learner.update(batch)
+    assert targets[True] == pytest.approx(abs(0.99 * 1.0 - 5.0) - 0.5, rel=1e-4)
+    assert targets[False] == pytest.approx(abs(0.99 * 9.0 - 5.0) - 0.5, rel=1e-4)

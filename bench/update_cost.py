@@ -1,0 +1,105 @@
+"""Cost of one gradient step: clusterenv's Double-DQN update against SB3 DQN's, same net and batch.
+
+Both sample a batch of 64 from a replay buffer holding 20,000 CartPole-shaped transitions and take
+one Adam step on a 256-256 MLP with one torch thread: clusterenv through `DQNLearner.step()`,
+SB3 through `DQN.train(gradient_steps=N)` (its own training loop, RL-Zoo CartPole settings).
+SB3 is the optional bench dependency: pip install -e '.[bench]'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench.common import mark_start, table, write_results
+from bench.time_to_solve import RL_ZOO_CARTPOLE
+from learner.config import DQNConfig
+from learner.dqn import DQNLearner
+from learner.rate_limiter import RateLimiter
+from learner.replay import ReplayBuffer
+
+ROWS = 20_000
+
+
+def fake_transitions(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {
+        "obs": rng.normal(size=(ROWS, 4)).astype(np.float32),
+        "action": rng.integers(2, size=ROWS),
+        "reward": np.ones(ROWS, np.float32),
+        "next_obs": rng.normal(size=(ROWS, 4)).astype(np.float32),
+        "terminated": rng.random(ROWS) < 0.05,
+    }
+
+
+def clusterenv_ms(steps: int, data: dict[str, np.ndarray]) -> float:
+    replay = ReplayBuffer(100_000, (4,), np.float32)
+    replay.add(data["obs"], data["action"], data["reward"], data["next_obs"], data["terminated"])
+    limiter = RateLimiter(samples_per_insert=1e9, min_size=1, error_buffer=0.0)
+    limiter.on_insert(ROWS)
+    learner = DQNLearner(4, 2, DQNConfig(), replay, limiter, seed=1)
+    for _ in range(100):
+        learner.step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        learner.step()
+    return 1e3 * (time.perf_counter() - t0) / steps
+
+
+def sb3_ms(steps: int, data: dict[str, np.ndarray]) -> float:
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.env_util import make_vec_env
+
+    model = DQN("MlpPolicy", make_vec_env("CartPole-v1", n_envs=1, seed=1), seed=1,
+                device="cpu", verbose=0, **RL_ZOO_CARTPOLE)  # fmt: skip
+    model._setup_learn(total_timesteps=1)
+    for i in range(ROWS):
+        model.replay_buffer.add(
+            data["obs"][i][None], data["next_obs"][i][None], np.array([data["action"][i]]),
+            data["reward"][i : i + 1], data["terminated"][i : i + 1], [{}],
+        )  # fmt: skip
+    model.train(gradient_steps=100, batch_size=64)
+    t0 = time.perf_counter()
+    model.train(gradient_steps=steps, batch_size=64)
+    return 1e3 * (time.perf_counter() - t0) / steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.update_cost", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--steps", type=int, default=3000, help="timed gradient steps per repeat")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians reported")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results JSON (default: bench/results/update_cost.json)",
+    )
+    args = p.parse_args(argv)
+    mark_start()
+    torch.set_num_threads(1)
+    data = fake_transitions(np.random.default_rng(0))
+    runs: dict[str, list[float]] = {"clusterenv Double DQN": [], "SB3 DQN": []}
+    for _ in range(args.repeats):  # interleaved, so a load change hits both
+        runs["clusterenv Double DQN"].append(clusterenv_ms(args.steps, data))
+        runs["SB3 DQN"].append(sb3_ms(args.steps, data))
+    sb3 = float(np.median(runs["SB3 DQN"]))
+    rows = [
+        {"system": name, "ms per gradient step": float(np.median(ms)),
+         "per repeat": " ".join(f"{m:.3f}" for m in ms), "/ SB3": float(np.median(ms)) / sb3}
+        for name, ms in runs.items()
+    ]  # fmt: skip
+    print(table(rows, list(rows[0])))
+    path = write_results(
+        "update_cost", {"args": vars(args) | {"out": str(args.out)}, "runs": runs}, args.out
+    )
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
