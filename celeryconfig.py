@@ -26,6 +26,14 @@ worker_prefetch_multiplier = 1
 _visibility = int(os.environ.get("CLUSTERENV_VISIBILITY_TIMEOUT", "60"))
 broker_transport_options = {"visibility_timeout": _visibility}
 broker_connection_retry_on_startup = True
+# A task sent while the broker restarts waits for it (about half a minute), as the Redis clients
+# of learner and workers do (pipeline/connect.py), instead of failing after Celery's 0.6 s.
+task_publish_retry_policy = {
+    "max_retries": 30,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 1.0,
+}
 
 # Flower lists chunks from task events.
 worker_send_task_events = True

@@ -122,7 +122,8 @@ def clusterenv_run(
     triples = [(r["env_steps"], r["wall_s"], r["eval/return_mean"]) for r in evals]
     first, confirmed = hits(triples, target, solve_evals)
     last = evals[-1] if evals else {"env_steps": 0, "wall_s": process_wall, "learner/updates": 0}
-    hit = next((r for r in evals if r["eval/return_mean"] >= target), None)
+    # The metrics row of the confirmed hit (or the last one), for the update count.
+    at = next((r for r in evals if confirmed and r["env_steps"] == confirmed[0]), None)
     return {
         "seed": seed,
         "solved": confirmed is not None,
@@ -135,7 +136,7 @@ def clusterenv_run(
         if confirmed
         else (last["wall_s"] if timed_out else summary["wall_s"]),
         "process_wall_s": round(process_wall, 3),
-        "updates": (hit or last)["learner/updates"] if hit or timed_out else summary["updates"],
+        "updates": (at or last)["learner/updates"] if at or timed_out else summary["updates"],
         "evals": triples,
         "ingest_cpu_fraction": summary.get("ingest_cpu_fraction"),
         "eval_latency_s_median": float(np.median([r.get("eval/latency_s", 0) for r in evals]))

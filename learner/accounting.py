@@ -21,6 +21,7 @@ class RunAccounting:
         self.divergences: list[tuple[float, int]] = []  # (D, index of its chunk in the lag lists)
         self.worker_sync: dict[str, dict[str, int]] = {}
         self.episode_returns: list[float] = []
+        self.broker_recoveries = 0  # times the broker had lost the run's state and got it back
         self._window_start = 0  # chunks already covered by a previous metrics row
 
     def record(self, arrival: Arrival) -> None:

@@ -8,6 +8,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import tyro
 from learner.config import TrainConfig
 
 WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A tasks worker --loglevel=INFO"
-USAGE = """usage: clusterenv {train,report} [--help]
+USAGE = """usage: clusterenv {train,report} [--help] | --version
 
   train    train Double DQN (embedded server and local workers unless --redis-url)
   report   plots and a table from one or more run directories
@@ -69,7 +70,7 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 
 def train(cfg: TrainConfig) -> int:
     from learner.envs import env_spaces
-    from learner.trainer import Trainer
+    from learner.trainer import RunFailed, Trainer
     from pipeline.cluster.embedded import Stack
     from pipeline.connect import RedisUnreachable, connect
 
@@ -78,6 +79,11 @@ def train(cfg: TrainConfig) -> int:
         env_spaces(cfg.env, cfg.env_kwargs)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    if cfg.redis_url is not None:
+        try:  # before the run directory exists: a typo in the URL leaves nothing behind
+            connect(cfg.redis_url).close()
+        except RedisUnreachable as exc:
+            raise CliError(str(exc)) from None
     run_id = f"{cfg.env.replace('/', '_')}__s{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     run_dir = Path(cfg.run_dir) / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +105,9 @@ def train(cfg: TrainConfig) -> int:
     except KeyboardInterrupt:
         print(f"interrupted; partial run in {run_dir}", file=sys.stderr)
         return 130
+    except RunFailed as exc:
+        print(f"clusterenv: run failed: {exc}; partial run in {run_dir}", file=sys.stderr)
+        return 1
     status = "solved" if result.solved else "budget spent"
     print(
         f"{status}: best eval {result.best_eval:.1f} after {result.env_steps} env steps, "
@@ -149,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
             return report(parse(ReportArgs, rest, "clusterenv report"))
         if command in ("-h", "--help"):
             print(USAGE, end="")
+            return 0
+        if command == "--version":
+            print(f"clusterenv {version('clusterenv')}")
             return 0
         raise CliError(
             f"unknown command {command!r}; choose train or report"

@@ -165,6 +165,8 @@ class TrainConfig:
     """local worker processes to start; unset: one per core without --redis-url, 0 with it"""
     run_dir: str = "runs"
     """parent folder of the run directory"""
+    status_every_s: float = 30.0
+    """without a terminal, seconds between status lines on stderr (steps/s, eval, version, fetches)"""
     # One thread: with two, torch's intra-op threads spin against the workers and any other
     # process on a small machine; a contended learner was measured ~20x slower per update.
     torch_threads: int = 1
@@ -188,6 +190,7 @@ class TrainConfig:
             (self.weights, "weights_kept"), (self.replay, "updates_per_turn"),
             (self.dispatch, "chunks_per_process"), (self.dispatch, "lost_after_s"),
             (self.evaluation, "eval_timeout_s"), (self.evaluation, "solve_evals"),
+            (self, "status_every_s"),
         ]  # fmt: skip
         for part, name in positive:
             if getattr(part, name) <= 0:

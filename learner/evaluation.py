@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
+from pipeline.chunks.actor import eval_seeds
 from pipeline.evaluation.request import EVALUATE_TASK, EvalRequest
 from pipeline.keys import RunKeys
 
@@ -69,7 +70,7 @@ class RemoteEvaluation:
         assert self.pending is None, "one evaluation at a time"
         eval_id, n = self.next_id, self.episodes
         self.next_id += 1
-        seeds = [self.seed + eval_id * n + i for i in range(n)]
+        seeds = eval_seeds(self.seed, eval_id, n)
         blocks = [b.tolist() for b in np.array_split(np.array(seeds), min(parts, n))]
         for part, block in enumerate(blocks):
             req = EvalRequest(

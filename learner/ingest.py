@@ -2,10 +2,14 @@
 
 Inserting from its own thread keeps the stream read and the replay copy off the gradient step's
 path; the main thread learns of each accepted chunk (for dispatch and accounting) by an Arrival.
+Every `claim_every_s` the thread also takes over chunks that a reader took but never acked.
+A failure the Redis client's own retries could not ride out ends the thread and is kept in
+`error`, for the main thread to stop the run with (never a silent stall).
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -18,6 +22,8 @@ import numpy as np
 from learner.rate_limiter import RateLimiter
 from learner.replay import ReplayBuffer
 from pipeline.roles import TransitionReader
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,9 +45,12 @@ class Ingest:
         replay: ReplayBuffer,
         limiter: RateLimiter,
         lag_of: Callable[[int], tuple[int, int]],
+        claim_every_s: float = 10.0,
     ):
         self.reader, self.replay, self.limiter, self.lag_of = reader, replay, limiter, lag_of
+        self.claim_every_s = claim_every_s
         self.cpu_s = 0.0
+        self.error: BaseException | None = None
         self._arrivals: queue.SimpleQueue[Arrival] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ingest", daemon=True)
@@ -55,9 +64,16 @@ class Ingest:
         self._arrivals.put(Arrival(header, rows, lag_versions, lag_updates))
 
     def _run(self) -> None:
+        claimed_at = time.monotonic()
         try:
             while not self._stop.is_set():
                 self.reader.poll(self._sink, block_ms=50)
+                if time.monotonic() - claimed_at > self.claim_every_s:
+                    self.reader.claim_stale(self._sink)
+                    claimed_at = time.monotonic()
+        except Exception as exc:  # the main thread reports it and stops the run
+            log.error("ingest stopped: %s: %s", type(exc).__name__, exc)
+            self.error = exc
         finally:
             self.cpu_s = time.thread_time()
 

@@ -1,8 +1,12 @@
-"""Run metrics as JSON lines with namespaced keys (`eval/…`, `pipeline/…`, `learner/…`)."""
+"""Run metrics as JSON lines with namespaced keys (`eval/…`, `pipeline/…`, `learner/…`).
+
+Strict JSON: a value that is not a finite number (the loss before the first update) is null.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,10 @@ class MetricsWriter:
         self._file = path.open("a", buffering=1)
 
     def write(self, row: dict[str, Any]) -> None:
-        self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
+        clean = {
+            k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()
+        }
+        self._file.write(json.dumps(clean, separators=(",", ":"), allow_nan=False) + "\n")
 
     def close(self) -> None:
         self._file.close()

@@ -1,4 +1,5 @@
-"""What a person watching the run sees: a tqdm bar on a terminal, a line per eval without one."""
+"""What a person watching the run sees: a tqdm bar on a terminal; without one (a log file, CI,
+`nohup`), a line per evaluation and a status line every `status_every_s` seconds."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from tqdm import tqdm
 
 
 class Progress:
-    def __init__(self, total_steps: int):
-        self.total = total_steps
+    def __init__(self, total_steps: int, status_every_s: float = 30.0):
+        self.total, self.status_every_s = total_steps, status_every_s
         self.interactive = sys.stderr.isatty()
-        self.t0 = time.perf_counter()
+        self.t0 = self._status_at = time.perf_counter()
         self.bar = tqdm(
             total=total_steps, unit="step", dynamic_ncols=True, disable=not self.interactive
         )
@@ -21,15 +22,24 @@ class Progress:
     def tick(
         self, env_steps: int, last_eval: float, version: int, fetches: Callable[[], int]
     ) -> None:
-        """Refresh the bar; `fetches` (a sum over every worker's counters) is only called for it."""
-        if not self.interactive:
-            return
-        self.bar.n = min(env_steps, self.total)
-        self.bar.set_postfix(
-            sps=f"{env_steps / max(1e-9, time.perf_counter() - self.t0):.0f}",
-            eval=f"{last_eval:.0f}", v=version, fetches=fetches(), refresh=False,
-        )  # fmt: skip
-        self.bar.refresh()
+        """Refresh the bar, or print a status line when one is due; `fetches` (a sum over every
+        worker's counters) is only called then."""
+        now = time.perf_counter()
+        sps = env_steps / max(1e-9, now - self.t0)
+        if self.interactive:
+            self.bar.n = min(env_steps, self.total)
+            self.bar.set_postfix(
+                sps=f"{sps:.0f}", eval=f"{last_eval:.0f}", v=version, fetches=fetches(),
+                refresh=False,
+            )  # fmt: skip
+            self.bar.refresh()
+        elif now - self._status_at >= self.status_every_s:
+            self._status_at = now
+            print(
+                f"status: steps {env_steps}/{self.total}  {sps:.0f} steps/s  eval {last_eval:.1f}  "
+                f"v{version}  weight fetches {fetches()}  {now - self.t0:.0f}s",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
 
     def evaluated(self, env_steps: int, mean_return: float, version: int, wall_s: float) -> None:
         if not self.interactive:

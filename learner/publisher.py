@@ -32,12 +32,16 @@ class Publisher:
     def version(self) -> int:
         return self.source.version
 
-    def publish(self, weights: Mapping[str, np.ndarray], updates: int) -> int:
-        """A new version of `weights` (trained for `updates` gradient steps), with its probe."""
+    def publish(
+        self, weights: Mapping[str, np.ndarray], updates: int, new_reference: bool = False
+    ) -> int:
+        """A new version of `weights` (trained for `updates` gradient steps), with its probe;
+        `new_reference` publishes new reference states first (the broker lost the old ones)."""
         probe = None
         size = self.cfg.reference_size
         if self.replay.size >= size:
-            if self.source.reference is None or (self.version + 1) % self.cfg.reference_every == 0:
+            due = (self.version + 1) % self.cfg.reference_every == 0
+            if self.source.reference is None or due or new_reference:
                 recent = self.replay.recent_obs(10 * size)
                 pick = self.rng.choice(len(recent), size=size, replace=False)
                 self.source.publish_reference(recent[pick].reshape(size, -1).astype(np.float32))

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import redis
 import torch
+from kombu.exceptions import OperationalError
 
 from learner.accounting import RunAccounting
 from learner.checkpoint import save_checkpoint
@@ -43,6 +45,14 @@ log = logging.getLogger(__name__)
 
 # Once the run ends, late chunks see `stop` and return at once; the run's keys expire after this.
 RUN_KEYS_EXPIRE_S = 3600
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on (ingest died, the broker is gone); the message says why."""
+
+    def __init__(self, message: str, broker_gone: bool = False):
+        super().__init__(message)
+        self.broker_gone = broker_gone
 
 
 @dataclass
@@ -107,10 +117,16 @@ class Trainer:
         )  # fmt: skip
         self.evaluation = RemoteEvaluation(
             self.client, self.keys, lambda name, kwargs: self.celery.send_task(name, kwargs=kwargs),
-            cfg.env, cfg.env_kwargs, cfg.evaluation.eval_episodes, seed=cfg.seed + 10**6,
+            cfg.env, cfg.env_kwargs, cfg.evaluation.eval_episodes, seed=cfg.seed,
         )  # fmt: skip
         self.accounting = RunAccounting()
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
+        # --- the run's progress: evaluations asked for and their results ---
+        self.next_eval, self.asked_at = cfg.evaluation.eval_every, -1  # env steps
+        self.evals: list[tuple[int, float]] = []  # (env steps, mean return) per evaluation
+        self.hits, self.solved = 0, False  # consecutive evaluations at the target; solved yet
+        self._checked_at = time.monotonic()
+        self._chunks_at_eval_request = 0
 
     # --- one turn of the main loop, in three parts ---------------------------------------------
     def collect(self) -> None:
@@ -146,75 +162,128 @@ class Trainer:
             self.publish()
         parts = self.cfg.evaluation.parts(self.dispatcher.slots())
         self.evaluation.request(self.publisher.version, self.accounting.env_steps, parts)
+        self._chunks_at_eval_request = self.reader_stats.chunks
+
+    def schedule_eval(self, out_of_work: bool) -> None:
+        """Every `eval_every` env steps, and once more when the budget is spent: one request at
+        a time; an evaluation older than `eval_timeout_s` is given up."""
+        ev, steps = self.cfg.evaluation, self.accounting.env_steps
+        if self.evaluation.pending is None:
+            if steps >= self.next_eval or (out_of_work and self.asked_at != steps):
+                self.next_eval, self.asked_at = steps + ev.eval_every, steps
+                self.request_eval()
+        elif self.evaluation.waiting_s() > ev.eval_timeout_s:
+            log.warning("evaluation of v%d at %d env steps took over %.0f s; given up",
+                        self.evaluation.pending.result.version, self.asked_at, ev.eval_timeout_s)  # fmt: skip
+            self.evaluation.abandon()
+
+    def record_evals(self) -> None:
+        """Log each finished evaluation; `solve_evals` consecutive ones at the target solve it."""
+        for result in self.evaluation.results():
+            wall = time.perf_counter() - self.t0
+            mean = float(result.returns.mean())
+            self.evals.append((result.env_steps, mean))
+            self._log_eval(result, wall)
+            self.progress.evaluated(result.env_steps, mean, result.version, wall)
+            self.hits = self.hits + 1 if self.target is not None and mean >= self.target else 0
+            self.solved = self.solved or self.hits >= self.cfg.evaluation.solve_evals
+
+    def check_health(self) -> None:
+        """Stop on a dead ingest thread; give a broker that lost the run's state (a restart
+        without persistence) its weights again and re-dispatch what it lost. Once a second."""
+        error = self.ingest.error
+        if error is not None:
+            raise RunFailed(
+                f"ingest failed: {type(error).__name__}: {error}",
+                broker_gone=isinstance(error, redis.ConnectionError | redis.TimeoutError),
+            )
+        now = time.monotonic()
+        if now - self._checked_at < 1.0:
+            return
+        self._checked_at = now
+        if self.client.exists(self.keys.weights_latest):
+            return
+        lost = self.dispatcher.write_off_in_flight()
+        self.evaluation.abandon()
+        self.publisher.publish(self.learner.get_weights(), self.learner.updates, new_reference=True)
+        self.accounting.broker_recoveries += 1
+        log.warning("the broker lost this run's state (restarted?): published v%d again, "
+                    "re-dispatching %d chunks", self.publisher.version, lost)  # fmt: skip
 
     def _finished_collecting(self) -> bool:
         return self.accounting.env_steps >= self.cfg.total_steps and not self.dispatcher.in_flight
 
+    def turn(self) -> bool:
+        """One turn of the main loop; False once the run is over."""
+        self.check_health()
+        self.collect()
+        trained = self.train()
+        out_of_work = self._finished_collecting() and not trained
+        self.schedule_eval(out_of_work)
+        self.record_evals()
+        steps = self.accounting.env_steps
+        if self.solved or (
+            out_of_work and self.evaluation.pending is None and self.asked_at == steps
+        ):
+            return False
+        self.progress.tick(
+            steps, self.evals[-1][1] if self.evals else float("nan"), self.publisher.version,
+            lambda: self.accounting.sync_totals().get("weight_fetches", 0),
+        )  # fmt: skip
+        if not trained:
+            time.sleep(0.002)
+        return True
+
     # --- the run ---------------------------------------------------------------------------------
     def run(self) -> RunResult:
+        """Train until solved or out of budget. KeyboardInterrupt (also SIGTERM/SIGHUP via the CLI)
+        and RunFailed still write the summary and the final checkpoint before they propagate."""
         cfg = self.cfg
         (self.run_dir / "config.json").write_text(cfg.to_json())
         self.publish()  # version 0: workers act with the untrained network
-        t0 = time.perf_counter()
+        self.t0 = time.perf_counter()
         self.ingest.start()
-        progress = Progress(cfg.total_steps)
-        next_eval, best, solved, interrupted = cfg.evaluation.eval_every, -np.inf, False, False
-        evals: list[tuple[int, float]] = []
-        last_eval, asked_at = float("nan"), -1  # env steps of the latest evaluation requested
-        hits = 0  # consecutive evaluations at or above the target
+        self.progress = Progress(cfg.total_steps, cfg.status_every_s)
+        interrupted, failure = False, None
         try:
-            while not solved:
-                self.collect()
-                trained = self.train()
-                steps = self.accounting.env_steps
-                out_of_work = self._finished_collecting() and not trained
-                if self.evaluation.pending is None and (
-                    steps >= next_eval or (out_of_work and asked_at != steps)
-                ):
-                    next_eval, asked_at = steps + cfg.evaluation.eval_every, steps
-                    self.request_eval()
-                elif self.evaluation.waiting_s() > cfg.evaluation.eval_timeout_s:
-                    log.warning("evaluation of v%d at %d env steps took over %.0f s; given up",
-                                self.evaluation.pending.result.version, asked_at,
-                                cfg.evaluation.eval_timeout_s)  # fmt: skip
-                    self.evaluation.abandon()
-                for result in self.evaluation.results():
-                    wall = time.perf_counter() - t0
-                    last_eval = float(result.returns.mean())
-                    best = max(best, last_eval)
-                    evals.append((result.env_steps, last_eval))
-                    self._log_eval(result, wall)
-                    progress.evaluated(result.env_steps, last_eval, result.version, wall)
-                    hits = hits + 1 if self.target is not None and last_eval >= self.target else 0
-                    solved = hits >= cfg.evaluation.solve_evals
-                if out_of_work and self.evaluation.pending is None and asked_at == steps:
-                    break
-                progress.tick(
-                    steps, last_eval, self.publisher.version,
-                    lambda: self.accounting.sync_totals().get("weight_fetches", 0),
-                )  # fmt: skip
-                if not trained:
-                    time.sleep(0.002)
+            while self.turn():
+                pass
         except KeyboardInterrupt:
-            interrupted = True  # still write summary and checkpoint below, then re-raise
+            interrupted = True
+        except RunFailed as exc:
+            failure = exc
+        except (redis.RedisError, OperationalError) as exc:  # past the clients' own retries
+            failure = RunFailed(
+                f"broker unreachable: {type(exc).__name__}: {exc}", broker_gone=True
+            )
         finally:
-            progress.close()
-            self._stop_run()
-        wall = time.perf_counter() - t0
-        self._finish(wall, solved, interrupted)
+            self.progress.close()
+            self._stop_run(broker_gone=failure is not None and failure.broker_gone)
+        wall = time.perf_counter() - self.t0
+        self._finish(wall, self.solved, interrupted, failure)
         if interrupted:
             raise KeyboardInterrupt
+        if failure is not None:
+            raise failure
+        best = max((m for _, m in self.evals), default=-np.inf)
         return RunResult(
-            self.run_dir, solved, self.accounting.env_steps, self.learner.updates, wall, best, evals
-        )
+            self.run_dir, self.solved, self.accounting.env_steps, self.learner.updates, wall, best,
+            self.evals,
+        )  # fmt: skip
 
-    def _stop_run(self) -> None:
-        """Mark the run stopped (queued chunks return at once), let its keys expire, drain ingest."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.set(self.keys.stop, 1, ex=RUN_KEYS_EXPIRE_S)
-        for key in (self.keys.stream, self.keys.actor_counter, self.keys.weights_latest):
-            pipe.expire(key, RUN_KEYS_EXPIRE_S)
-        pipe.execute()
+    def _stop_run(self, broker_gone: bool = False) -> None:
+        """Mark the run stopped (queued chunks return at once), let its keys expire, drain ingest;
+        on a broker known to be gone, only the last of these."""
+        try:
+            if broker_gone:
+                raise redis.ConnectionError("the broker is gone")
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(self.keys.stop, 1, ex=RUN_KEYS_EXPIRE_S)
+            for key in (self.keys.stream, self.keys.actor_counter, self.keys.weights_latest):
+                pipe.expire(key, RUN_KEYS_EXPIRE_S)
+            pipe.execute()
+        except redis.RedisError as exc:  # a broker that is gone keeps nothing to clean up
+            log.warning("could not mark the run stopped on the broker: %s", exc)
         self.ingest.stop()
         for arrival in self.ingest.arrivals():
             self.accounting.record(arrival)
@@ -230,6 +299,8 @@ class Trainer:
             "eval/return_std": float(returns.std()),
             "eval/policy_version": result.version,
             "eval/latency_s": round(self.evaluation.clock() - result.requested_at, 3),
+            # Collection goes on while the workers evaluate: chunks accepted meanwhile.
+            "eval/chunks_meanwhile": self.reader_stats.chunks - self._chunks_at_eval_request,
             "charts/episodic_return": acc.recent_return(),
             "losses/td_loss": self.learner.last_loss,
             "learner/updates": self.learner.updates,
@@ -245,7 +316,9 @@ class Trainer:
         }
         self.metrics.write(row)
 
-    def _finish(self, wall: float, solved: bool, interrupted: bool) -> None:
+    def _finish(
+        self, wall: float, solved: bool, interrupted: bool, failure: RunFailed | None
+    ) -> None:
         acc = self.accounting
         meta = {"run_id": self.run_id, "env": self.cfg.env, "env_steps": str(acc.env_steps),
                 "updates": str(self.learner.updates), "policy_version": str(self.publisher.version)}  # fmt: skip
@@ -254,6 +327,7 @@ class Trainer:
             "run_id": self.run_id,
             "solved": solved,
             "interrupted": interrupted,
+            "failed": str(failure) if failure is not None else None,
             "target_return": self.target,
             "env_steps": acc.env_steps,
             "updates": self.learner.updates,
@@ -262,6 +336,7 @@ class Trainer:
             "ingest": vars(self.reader_stats),
             "ingest_cpu_fraction": round(self.ingest.cpu_s / max(wall, 1e-9), 4),
             "lost_chunks": self.dispatcher.lost,
+            "broker_recoveries": acc.broker_recoveries,
             "sync_rule": self.cfg.weights.sync,
             **acc.summary(),
         }

@@ -72,3 +72,7 @@ class TransitionReader(Protocol):
     """Learner side: hands each good, not yet seen chunk to `sink`; returns transitions accepted."""
 
     def poll(self, sink: Sink, block_ms: int = 100, count: int = 64) -> int: ...
+
+    def claim_stale(self, sink: Sink, min_idle_ms: int = 30_000, count: int = 64) -> int:
+        """Like `poll`, for chunks a reader took but never acknowledged (it died meanwhile)."""
+        ...

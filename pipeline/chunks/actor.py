@@ -14,11 +14,21 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+# Evaluation episodes are seeded from here up (eval_seeds), collection envs below it, so the two
+# never share a seed for run seeds below 1000.
+EVAL_SEED_BASE = 10**9
+
 
 def env_seeds(run_seed: int, actor_index: int, num_envs: int) -> list[int]:
     """Distinct, reproducible seeds for the envs of one actor of a run."""
     base = run_seed * 1_000_003 + actor_index * num_envs
     return [base + i for i in range(num_envs)]
+
+
+def eval_seeds(run_seed: int, eval_index: int, episodes: int) -> list[int]:
+    """Seeds of the episodes of one evaluation of a run, apart from every collection seed."""
+    base = EVAL_SEED_BASE + run_seed * 1_000_003 + eval_index * episodes
+    return [base + i for i in range(episodes)]
 
 
 def make_vector_env(env_id: str, env_kwargs: dict[str, Any], num_envs: int) -> gym.vector.VectorEnv:

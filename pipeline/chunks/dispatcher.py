@@ -76,5 +76,12 @@ class Dispatcher:
             sent += 1
         return sent
 
+    def write_off_in_flight(self) -> int:
+        """Count every chunk in flight as lost now (the broker lost its queue); how many."""
+        count = len(self.in_flight)
+        self.lost += count
+        self.in_flight.clear()
+        return count
+
     def arrived(self, chunk_id: int) -> None:
         self.in_flight.pop(chunk_id, None)

@@ -53,6 +53,7 @@ class IngestStats:
     chunks: int = 0
     transitions: int = 0
     duplicates: int = 0
+    claimed: int = 0
     rejected: int = 0
     rejected_reasons: dict[str, int] = field(default_factory=dict)
 
@@ -92,8 +93,13 @@ class StreamReader:
         self.num_actions, self.consumer = num_actions, consumer
         self.seen: set[int] = set()
         self.stats = IngestStats()
+        self.groups_created = 0
+        self._create_group()
+
+    def _create_group(self) -> None:
         try:
-            client.xgroup_create(keys.stream, keys.group, id="0", mkstream=True)
+            self.client.xgroup_create(self.keys.stream, self.keys.group, id="0", mkstream=True)
+            self.groups_created += 1
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -109,14 +115,43 @@ class StreamReader:
         Returns the number of transitions accepted. Entries are acked and deleted only after
         `sink` returned; a sink that raises leaves them pending for the next reader.
         """
-        reply = self.client.xreadgroup(
-            self.keys.group, self.consumer, {self.keys.stream: ">"}, count=count, block=block_ms
-        )
-        if not reply:
+        try:
+            reply = self.client.xreadgroup(
+                self.keys.group, self.consumer, {self.keys.stream: ">"}, count=count, block=block_ms
+            )
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            # The server lost the stream and its group (a restart without persistence): start
+            # a new group; whatever it held was never accepted, and is dispatched again.
+            log.warning("stream group %s is gone (broker restart?); creating it again",
+                        self.keys.group)  # fmt: skip
+            self._create_group()
+            return 0
+        return self._take(reply[0][1] if reply else [], sink)
+
+    def claim_stale(self, sink: Sink, min_idle_ms: int = 30_000, count: int = 64) -> int:
+        """Take over entries delivered to some consumer but not acked for `min_idle_ms`
+        (a reader that died between read and ack), and ingest them like `poll`."""
+        try:
+            reply = self.client.xautoclaim(
+                self.keys.stream, self.keys.group, self.consumer, min_idle_ms, "0-0", count=count
+            )
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            return 0
+        entries = [(entry_id, fields) for entry_id, fields in reply[1] if fields]
+        self.stats.claimed += len(entries)
+        return self._take(entries, sink)
+
+    def _take(self, entries: list[tuple[bytes, dict[bytes, bytes]]], sink: Sink) -> int:
+        """Handle entries, then ack and delete them (only after `sink` returned for each)."""
+        if not entries:
             return 0
         accepted = 0
         done: list[bytes] = []
-        for entry_id, fields in reply[0][1]:
+        for entry_id, fields in entries:
             accepted += self._handle(entry_id, fields, sink)
             done.append(entry_id)
         pipe = self.client.pipeline(transaction=False)

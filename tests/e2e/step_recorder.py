@@ -1,9 +1,10 @@
-"""An env that notes which process steps it, by the id "tests.e2e.step_recorder:StepRecorder-v0"
+"""Envs that note which process steps them, by ids like "tests.e2e.step_recorder:StepRecorder-v0"
 (workers import this module by that id; they run from the repository root, as pytest does)."""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import gymnasium as gym
@@ -26,3 +27,30 @@ class StepRecorder(CartPoleEnv):
 
 
 gym.register("StepRecorder-v0", entry_point=StepRecorder, max_episode_steps=200)
+
+
+class SlowEval(CartPoleEnv):
+    """CartPole whose steps sleep `delay_s`, or `eval_delay_s` in an evaluation episode (seeded from
+    EVAL_SEED_BASE up); the first evaluation reset in each process appends its pid to `log_path`."""
+
+    def __init__(self, log_path: str, delay_s: float, eval_delay_s: float, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.log_path, self.delay_s, self.eval_delay_s = log_path, delay_s, eval_delay_s
+        self.evaluating = False
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        from pipeline.chunks.actor import EVAL_SEED_BASE
+
+        if seed is not None:
+            self.evaluating = seed >= EVAL_SEED_BASE
+            if self.evaluating:
+                with open(self.log_path, "a") as f:
+                    f.write(f"{os.getpid()}\n")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        time.sleep(self.eval_delay_s if self.evaluating else self.delay_s)
+        return super().step(action)
+
+
+gym.register("SlowEval-v0", entry_point=SlowEval, max_episode_steps=200)

@@ -22,6 +22,7 @@ import pytest
 from learner.metrics import read_metrics
 from pipeline.cluster.embedded import LocalWorkers
 from pipeline.sync.rules import DEFAULT_SYNC
+from tests.servers import PrivateRedis
 
 CLI = [sys.executable, "-m", "learner.cli"]
 
@@ -152,10 +153,11 @@ def test_evaluation_runs_on_the_workers_not_in_the_learner(tmp_path):
         ["train", "--env", "tests.e2e.step_recorder:StepRecorder-v0",
          "--env-kwargs", json.dumps({"log_path": str(steppers)}), "--total-steps", "3000",
          "--eval-every", "1000", "--eval-episodes", "4", "--workers", "2",
-         "--run-dir", str(tmp_path / "runs")], uuid.uuid4().hex,
+         "--status-every-s", "0.5", "--run-dir", str(tmp_path / "runs")], uuid.uuid4().hex,
     )  # fmt: skip
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err
+    assert "status: steps " in err and " steps/s " in err  # no terminal: periodic status lines
     rows = read_metrics(only_run_dir(tmp_path / "runs") / "metrics.jsonl")
     assert len(rows) >= 3, rows  # evaluations came back and were recorded
     for row in rows:
@@ -163,6 +165,116 @@ def test_evaluation_runs_on_the_workers_not_in_the_learner(tmp_path):
         assert row["eval/latency_s"] >= 0
     pids = {int(line) for line in steppers.read_text().split()}
     assert pids and proc.pid not in pids, pids  # envs were stepped, never by the learner
+
+
+def slow_eval_args(tmp_path: Path, log: Path, eval_delay_s: float) -> list[str]:
+    env_kwargs = {"log_path": str(log), "delay_s": 0.002, "eval_delay_s": eval_delay_s}
+    return ["train", "--env", "tests.e2e.step_recorder:SlowEval-v0", "--env-kwargs",
+            json.dumps(env_kwargs), "--chunk-steps", "8", "--eval-every", "500",
+            "--eval-episodes", "2", "--target-return", "1e9", "--workers", "2",
+            "--run-dir", str(tmp_path / "runs")]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_chunks_keep_arriving_while_the_workers_evaluate(tmp_path):
+    # A chunk takes 8 envs x 8 steps x 2 ms; an evaluation step 2 envs x 20 ms.
+    args = slow_eval_args(tmp_path, tmp_path / "evals.txt", eval_delay_s=0.02)
+    proc = start_cli([*args, "--total-steps", "3000"], uuid.uuid4().hex)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    rows = read_metrics(only_run_dir(tmp_path / "runs") / "metrics.jsonl")
+    long = [r for r in rows if r["eval/latency_s"] > 1.0]
+    assert long, [r["eval/latency_s"] for r in rows]
+    assert all(r["eval/chunks_meanwhile"] >= 1 for r in long), rows
+
+
+@pytest.mark.slow
+def test_a_worker_lost_during_an_evaluation_does_not_hang_the_run(tmp_path):
+    log, mark = tmp_path / "evals.txt", uuid.uuid4().hex
+    args = slow_eval_args(tmp_path, log, eval_delay_s=0.05)
+    proc = start_cli(
+        [*args, "--total-steps", "4000", "--eval-timeout-s", "3", "--lost-after-s", "5"], mark
+    )
+    tree = Tree(proc)
+    deadline = time.monotonic() + 120
+    while not log.exists() or not log.read_text().strip():
+        assert proc.poll() is None and time.monotonic() < deadline, "no evaluation started"
+        time.sleep(0.05)
+    tree.look()
+    victim = int(log.read_text().split()[0])  # a worker of this CLI, in an evaluation now
+    assert victim in {p.pid for p in tree.seen.values()}
+    os.killpg(victim, signal.SIGKILL)
+    err = wait_watching(proc, tree, 240)
+    assert proc.returncode == 0, err
+    assert "given up" in err  # the lost evaluation was abandoned, not waited on forever
+    rows = read_metrics(only_run_dir(tmp_path / "runs") / "metrics.jsonl")
+    assert rows and rows[-1]["env_steps"] >= 4000  # later evaluations came back
+    assert_no_survivors(mark, tree)
+
+
+def wait_for_rows(run_parent: Path, rows: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Until the run's metrics.jsonl holds `rows` evaluations (the run is well under way)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = list(run_parent.glob("*/metrics.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= rows:
+            return
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_the_run_survives_a_broker_restart(tmp_path):
+    mark = uuid.uuid4().hex
+    with PrivateRedis() as server:
+        proc = start_cli(
+            ["train", "--redis-url", server.url, "--workers", "2", "--total-steps", "10000",
+             "--target-return", "1e9", "--eval-every", "2000", "--run-dir", str(tmp_path)], mark,
+        )  # fmt: skip
+        tree = Tree(proc)
+        try:
+            wait_for_rows(tmp_path, 1, proc, 120)
+            tree.look()
+            server.restart(3.0)  # everything on the broker is lost: queue, stream, weights
+            err = wait_watching(proc, tree, 240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["broker_recoveries"] >= 1
+    assert summary["env_steps"] >= 10000 and summary["ingest"]["rejected"] == 0
+    rows = read_metrics(only_run_dir(tmp_path) / "metrics.jsonl")
+    assert rows[-1]["env_steps"] >= 10000  # it evaluated after the restart, to the end
+    assert_no_survivors(mark, tree)
+
+
+@pytest.mark.slow
+def test_a_broker_gone_for_good_ends_the_run_with_one_line(tmp_path):
+    mark = uuid.uuid4().hex
+    with PrivateRedis() as server:
+        proc = start_cli(
+            ["train", "--redis-url", server.url, "--workers", "2", "--total-steps", "1000000",
+             "--run-dir", str(tmp_path)], mark,
+        )  # fmt: skip
+        tree = Tree(proc)
+        try:
+            wait_for_rows(tmp_path, 1, proc, 120)
+            tree.look()
+            server.stop()
+            err = wait_watching(proc, tree, 240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 1, err
+    assert "run failed: " in err and ("broker unreachable" in err or "ingest failed" in err), err
+    assert "Traceback" not in err
+    summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["failed"]  # what was learned is kept, with the reason
+    assert (only_run_dir(tmp_path) / "final.safetensors").exists()
+    assert_no_survivors(mark, tree)
 
 
 @pytest.mark.slow
@@ -264,6 +376,18 @@ def field_docs(cls: type) -> dict[str, str]:
         else:
             docs[name] = ""
     return docs
+
+
+def test_an_unreachable_broker_leaves_no_run_directory(tmp_path):
+    out = subprocess.run(CLI + ["train", "--run-dir", str(tmp_path), "--redis-url",
+                                "redis://127.0.0.1:1/0"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "cannot reach Redis" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_version():
+    out = subprocess.run(CLI + ["--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("clusterenv 0.")
 
 
 def test_help_explains_every_flag():

@@ -89,3 +89,22 @@ def test_only_float_divergences_count():
     acc.record(arrival(divergence=None))
     acc.record(arrival(divergence=0.4))
     assert acc.divergences == [(0.4, 1)]  # with the index of its chunk
+
+
+def test_metrics_rows_are_strict_json(tmp_path):
+    import json
+
+    from learner.metrics import MetricsWriter, read_metrics
+
+    writer = MetricsWriter(tmp_path / "m.jsonl")
+    writer.write({"losses/td_loss": float("nan"), "x": float("inf"), "eval/return_mean": 9.5})
+    writer.close()
+    line = (tmp_path / "m.jsonl").read_text().strip()
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"non-JSON constant {name}")
+
+    assert json.loads(line, parse_constant=refuse) == {
+        "losses/td_loss": None, "x": None, "eval/return_mean": 9.5,
+    }  # fmt: skip
+    assert read_metrics(tmp_path / "m.jsonl")[0]["losses/td_loss"] is None

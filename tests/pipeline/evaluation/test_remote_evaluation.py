@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from learner.evaluation import RemoteEvaluation
+from pipeline.chunks.actor import env_seeds, eval_seeds
 from pipeline.cluster.celery_client import celery_client
 from pipeline.evaluation.request import EvalRequest
 from pipeline.evaluation.runner import greedy_returns
@@ -55,7 +56,7 @@ def test_workers_return_what_a_local_rollout_returns(workers, client, run_id, pa
         celery.close()
     assert result.version == 0 and result.env_steps == 1234
     assert result.versions_evaluated == {0}
-    np.testing.assert_array_equal(result.returns, local_returns(net(0), [100, 101, 102, 103, 104]))
+    np.testing.assert_array_equal(result.returns, local_returns(net(0), eval_seeds(100, 0, 5)))
     assert evaluation.pending is None
 
 
@@ -64,7 +65,9 @@ def test_parts_split_the_episodes_and_duplicates_count_once(client, run_id):
     evaluation = RemoteEvaluation(client, keys, send, "CartPole-v1", {}, 5, seed=10, clock=clock)
     evaluation.request(version=3, env_steps=50, parts=2)
     reqs = [EvalRequest.from_json(kw) for _, kw in send.sent]
-    assert [r.seeds for r in reqs] == [[10, 11, 12], [13, 14]]
+    seeds = eval_seeds(10, 0, 5)
+    assert [r.seeds for r in reqs] == [seeds[:3], seeds[3:]]
+    assert min(seeds) > max(env_seeds(10, 1000, 64))  # apart from the collection seeds
     part = {"eval": 0, "version": 3, "worker": "w"}
     client.rpush(keys.eval_results, json.dumps(part | {"part": 0, "returns": [1.0, 2.0, 3.0]}))
     client.rpush(keys.eval_results, json.dumps(part | {"part": 0, "returns": [9.0, 9.0, 9.0]}))
@@ -97,7 +100,7 @@ def test_an_evicted_version_is_evaluated_as_the_newest_and_said_so(workers, clie
     finally:
         celery.close()
     assert result.version == 0 and result.versions_evaluated == {1}
-    np.testing.assert_array_equal(result.returns, local_returns(net(5), [7, 8]))
+    np.testing.assert_array_equal(result.returns, local_returns(net(5), eval_seeds(7, 0, 2)))
 
 
 @pytest.mark.parametrize(
