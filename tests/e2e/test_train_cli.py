@@ -183,7 +183,8 @@ def test_chunks_keep_arriving_while_the_workers_evaluate(tmp_path):
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err
     rows = read_metrics(only_run_dir(tmp_path / "runs") / "metrics.jsonl")
-    long = [r for r in rows if r["eval/latency_s"] > 1.0]
+    # The last evaluation comes after the budget is spent, when no chunk is due any more.
+    long = [r for r in rows[:-1] if r["eval/latency_s"] > 1.0]
     assert long, [r["eval/latency_s"] for r in rows]
     assert all(r["eval/chunks_meanwhile"] >= 1 for r in long), rows
 
@@ -191,9 +192,10 @@ def test_chunks_keep_arriving_while_the_workers_evaluate(tmp_path):
 @pytest.mark.slow
 def test_a_worker_lost_during_an_evaluation_does_not_hang_the_run(tmp_path):
     log, mark = tmp_path / "evals.txt", uuid.uuid4().hex
-    args = slow_eval_args(tmp_path, log, eval_delay_s=0.05)
+    # An evaluation takes at most 200 steps x 2 envs x 20 ms = 8 s: the timeout is above that.
+    args = slow_eval_args(tmp_path, log, eval_delay_s=0.02)
     proc = start_cli(
-        [*args, "--total-steps", "4000", "--eval-timeout-s", "3", "--lost-after-s", "5"], mark
+        [*args, "--total-steps", "3000", "--eval-timeout-s", "12", "--lost-after-s", "5"], mark
     )
     tree = Tree(proc)
     deadline = time.monotonic() + 120
@@ -208,7 +210,7 @@ def test_a_worker_lost_during_an_evaluation_does_not_hang_the_run(tmp_path):
     assert proc.returncode == 0, err
     assert "given up" in err  # the lost evaluation was abandoned, not waited on forever
     rows = read_metrics(only_run_dir(tmp_path / "runs") / "metrics.jsonl")
-    assert rows and rows[-1]["env_steps"] >= 4000  # later evaluations came back
+    assert rows and rows[-1]["env_steps"] >= 3000  # later evaluations came back
     assert_no_survivors(mark, tree)
 
 
