@@ -4,6 +4,7 @@ chunks a dead reader never acked. Against a real redis-server of the test's own.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -38,11 +39,15 @@ def test_a_command_during_a_broker_restart_waits_for_it_and_succeeds():
     with PrivateRedis() as server:
         client = connect(server.url)
         client.set("k", "before")
-        restart = threading.Thread(target=server.restart, args=(1.5,))
+        server.stop()  # down now; back in 1.5 s
+        restart = threading.Timer(1.5, server.start)
         restart.start()
         try:
-            # Issued while the server is down: the client retries with backoff until it is back.
+            # Issued while the server is down: the client retries with backoff until it is back
+            # (a new, empty server: "before" is gone).
+            t0 = time.monotonic()
             client.set("k", "after")
+            assert time.monotonic() - t0 >= 1.0  # it did wait for the server
             assert client.get("k") == b"after"
         finally:
             restart.join()
