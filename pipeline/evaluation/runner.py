@@ -19,6 +19,7 @@ from pipeline.codec import decode_weights
 from pipeline.evaluation.request import EvalRequest
 from pipeline.keys import RunKeys
 from pipeline.policy import NumpyMLP
+from pipeline.sync.client import read_weights
 
 # The learner reads results within seconds; a result nobody reads must not stay forever.
 RESULTS_TTL_S = 3600
@@ -55,15 +56,13 @@ class EvalRunner:
         keys = RunKeys(req.run_id)
         if self.client.exists(keys.stop):
             return {"eval": req.eval_id, "part": req.part, "skipped": "run stopped"}
-        version, blob = req.version, self.client.get(keys.weights(req.version))
-        if blob is None:  # retention dropped it meanwhile: evaluate the newest, and say so
-            latest = self.client.get(keys.weights_latest)
-            version = int(latest) if latest is not None else -1
-            blob = self.client.get(keys.weights(version)) if version >= 0 else None
-        if blob is None:
+        # Retention dropped the version meanwhile: evaluate the newest, and say which.
+        found = read_weights(self.client, keys, req.version)
+        version = found[0] if found is not None else -1
+        if found is None:
             result: dict[str, Any] = {"error": f"no weights for version {req.version}"}
         else:
-            policy = NumpyMLP(decode_weights(blob))
+            policy = NumpyMLP(decode_weights(found[1]))
             returns = greedy_returns(self._vector_env(req), policy, req.seeds)
             result = {"returns": [float(r) for r in returns]}
         result |= {"eval": req.eval_id, "part": req.part, "version": version,

@@ -25,6 +25,19 @@ def _size(fields: Mapping[bytes, bytes]) -> int:
     return sum(len(k) + len(v) for k, v in fields.items())
 
 
+def read_weights(client: redis.Redis, keys: RunKeys, version: int) -> tuple[int, bytes] | None:
+    """The safetensors blob of `version`, or, if retention or the TTL dropped it meanwhile, of the
+    newest version: (the version read, its blob). None when the run has no weights stored."""
+    blob = client.get(keys.weights(version))
+    if blob is not None:
+        return version, blob
+    latest = client.get(keys.weights_latest)
+    if latest is None:
+        return None
+    blob = client.get(keys.weights(int(latest)))
+    return (int(latest), blob) if blob is not None else None
+
+
 @dataclass
 class SyncCounters:
     """What a worker's client has done, cumulative; travels in every chunk header."""
@@ -113,14 +126,10 @@ class RedisWeightClient:
             return None
 
     def _fetch(self, version: int) -> None:
-        blob = self.client.get(self.keys.weights(version))
-        if blob is None:  # expired between the two reads: take whatever is newest now
-            version = int(self.client.get(self.keys.weights_latest))
-            blob = self.client.get(self.keys.weights(version))
-            if blob is None:
-                raise RuntimeError(
-                    f"weights version {version} of run {self.keys.run_id!r} vanished"
-                )
+        found = read_weights(self.client, self.keys, version)  # expired meanwhile: the newest
+        if found is None:
+            raise RuntimeError(f"weights version {version} of run {self.keys.run_id!r} vanished")
+        version, blob = found
         self.policy = NumpyMLP(decode_weights(blob))
         self.version = version
         self.steps_since_fetch = 0
