@@ -90,6 +90,7 @@ class DQNLearner:
                 next_q = self.target(next_obs).max(dim=1).values
             td_target = reward + self.cfg.gamma * (1.0 - terminated) * next_q
         q_taken = self.q(obs).gather(1, action.unsqueeze(1)).squeeze(1)
+        # An inference-mode tensor cannot be saved for backward: the loss gets a normal copy.
         loss = nn.functional.smooth_l1_loss(q_taken, td_target.clone())
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

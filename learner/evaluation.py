@@ -19,10 +19,9 @@ import redis
 from pipeline.chunks.actor import eval_seeds
 from pipeline.evaluation.request import EVALUATE_TASK, EvalRequest
 from pipeline.keys import RunKeys
+from pipeline.roles import SendTask
 
 log = logging.getLogger(__name__)
-
-SendTask = Callable[[str, dict], None]
 
 
 @dataclass

@@ -103,8 +103,12 @@ class Trainer:
             reader, self.replay, self.limiter,
             lambda version: self.publisher.lag(version, self.learner.updates),
         )  # fmt: skip
-        # --- dispatch: the chunk requests' fixed fields, sent through Celery ---
+        # --- dispatch and evaluation: tasks sent through Celery ---
         self.celery = celery_client(redis_url, "clusterenv-learner")
+
+        def send(name: str, kwargs: dict) -> None:
+            self.celery.send_task(name, kwargs=kwargs)
+
         template = {
             "run_id": run_id, "env_id": cfg.env, "env_kwargs": cfg.env_kwargs,
             "num_envs": cfg.collection.envs_per_worker, "steps": cfg.collection.chunk_steps,
@@ -112,12 +116,10 @@ class Trainer:
             "max_lag_seconds": w.max_lag_seconds,
         }  # fmt: skip
         self.dispatcher = Dispatcher(
-            lambda name, kwargs: self.celery.send_task(name, kwargs=kwargs),
-            WorkerRegistry(self.client).alive_processes, template, chunk, cfg.dispatch,
+            send, WorkerRegistry(self.client).alive_processes, template, chunk, cfg.dispatch,
         )  # fmt: skip
         self.evaluation = RemoteEvaluation(
-            self.client, self.keys, lambda name, kwargs: self.celery.send_task(name, kwargs=kwargs),
-            cfg.env, cfg.env_kwargs, cfg.evaluation.eval_episodes, seed=cfg.seed,
+            self.client, self.keys, send, cfg.env, cfg.env_kwargs, cfg.evaluation.eval_episodes, seed=cfg.seed,
         )  # fmt: skip
         self.accounting = RunAccounting()
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
@@ -128,7 +130,7 @@ class Trainer:
         self._checked_at = time.monotonic()
         self._chunks_at_eval_request = 0
 
-    # --- one turn of the main loop, in three parts ---------------------------------------------
+    # --- the parts of one turn of the main loop ------------------------------------------------
     def collect(self) -> None:
         """Note the chunks that arrived, then keep every live worker process busy."""
         for arrival in self.ingest.arrivals():
@@ -273,17 +275,16 @@ class Trainer:
 
     def _stop_run(self, broker_gone: bool = False) -> None:
         """Mark the run stopped (queued chunks return at once), let its keys expire, drain ingest;
-        on a broker known to be gone, only the last of these."""
-        try:
-            if broker_gone:
-                raise redis.ConnectionError("the broker is gone")
-            pipe = self.client.pipeline(transaction=False)
-            pipe.set(self.keys.stop, 1, ex=RUN_KEYS_EXPIRE_S)
-            for key in (self.keys.stream, self.keys.actor_counter, self.keys.weights_latest):
-                pipe.expire(key, RUN_KEYS_EXPIRE_S)
-            pipe.execute()
-        except redis.RedisError as exc:  # a broker that is gone keeps nothing to clean up
-            log.warning("could not mark the run stopped on the broker: %s", exc)
+        on a broker known to be gone (its clients would retry for half a minute), only the last."""
+        if not broker_gone:
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.set(self.keys.stop, 1, ex=RUN_KEYS_EXPIRE_S)
+                for key in (self.keys.stream, self.keys.actor_counter, self.keys.weights_latest):
+                    pipe.expire(key, RUN_KEYS_EXPIRE_S)
+                pipe.execute()
+            except redis.RedisError as exc:  # a broker that is gone keeps nothing to clean up
+                log.warning("could not mark the run stopped on the broker: %s", exc)
         self.ingest.stop()
         for arrival in self.ingest.arrivals():
             self.accounting.record(arrival)

@@ -17,6 +17,8 @@ import numpy as np
 from pipeline.policy import NumpyMLP
 
 Sink = Callable[[dict[str, Any], dict[str, np.ndarray]], None]
+# How the learner's dispatch and evaluation send a task: (task name, JSON kwargs).
+SendTask = Callable[[str, dict[str, Any]], None]
 
 
 class WeightSource(Protocol):

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-
-SendTask = Callable[[str, dict[str, Any]], None]
+from pipeline.roles import SendTask
 
 
 @dataclass(frozen=True)
