@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,19 @@ RL_ZOO_CARTPOLE = {
 }
 
 
+@dataclass(frozen=True)
+class Trial:
+    """What both systems run under: the env, the budget and the one eval protocol."""
+
+    env: str
+    env_kwargs: dict[str, Any]
+    budget: int
+    eval_every: int
+    episodes: int
+    target: float
+    solve_evals: int
+
+
 def hits(evals: list[tuple[int, float, float]], target: float, n: int) -> tuple[Any, Any]:
     """(env steps, wall s) of the first eval >= target, and of the first of `n` consecutive ones."""
     first = next(((s, w) for s, w, r in evals if r >= target), None)
@@ -59,13 +73,7 @@ def hits(evals: list[tuple[int, float, float]], target: float, n: int) -> tuple[
 
 def clusterenv_run(
     seed: int,
-    env: str,
-    env_kwargs: dict[str, Any],
-    budget: int,
-    eval_every: int,
-    episodes: int,
-    target: float,
-    solve_evals: int,
+    trial: Trial,
     extra: list[str],
     max_wall_s: float,
 ) -> dict[str, Any]:
@@ -85,19 +93,19 @@ def clusterenv_run(
             "--run-dir",
             tmp,
             "--total-steps",
-            str(budget),
+            str(trial.budget),
             "--eval-every",
-            str(eval_every),
+            str(trial.eval_every),
             "--eval-episodes",
-            str(episodes),
+            str(trial.episodes),
             "--target-return",
-            str(target),
+            str(trial.target),
             "--solve-evals",
-            str(solve_evals),
+            str(trial.solve_evals),
             "--env",
-            env,
+            trial.env,
             "--env-kwargs",
-            json.dumps(env_kwargs),
+            json.dumps(trial.env_kwargs),
             *extra,
         ]
         t0 = time.perf_counter()
@@ -120,7 +128,7 @@ def clusterenv_run(
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
         evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     triples = [(r["env_steps"], r["wall_s"], r["eval/return_mean"]) for r in evals]
-    first, confirmed = hits(triples, target, solve_evals)
+    first, confirmed = hits(triples, trial.target, trial.solve_evals)
     last = evals[-1] if evals else {"env_steps": 0, "wall_s": process_wall, "learner/updates": 0}
     # The metrics row of the confirmed hit (or the last one), for the update count.
     at = next((r for r in evals if confirmed and r["env_steps"] == confirmed[0]), None)
@@ -147,13 +155,7 @@ def clusterenv_run(
 
 def sb3_run(
     seed: int,
-    env: str,
-    env_kwargs: dict[str, Any],
-    budget: int,
-    eval_every: int,
-    episodes: int,
-    target: float,
-    solve_evals: int,
+    trial: Trial,
     threads: int,
 ) -> dict[str, Any]:
     """SB3 DQN with the RL-Zoo settings, stopped at the first of `solve_evals` evals >= target."""
@@ -171,36 +173,36 @@ def sb3_run(
         def __init__(self) -> None:
             super().__init__()
             self.eval_env = make_vec_env(
-                env, n_envs=episodes, seed=seed + 10**6, env_kwargs=env_kwargs
+                trial.env, n_envs=trial.episodes, seed=seed + 10**6, env_kwargs=trial.env_kwargs
             )
             self.evals: list[tuple[int, float, float]] = []
             self.t0 = 0.0
             self.run = 0
 
         def _on_step(self) -> bool:
-            if self.num_timesteps % eval_every:
+            if self.num_timesteps % trial.eval_every:
                 return True
             returns, _ = evaluate_policy(
                 self.model,
                 self.eval_env,
-                n_eval_episodes=episodes,
+                n_eval_episodes=trial.episodes,
                 deterministic=True,
                 return_episode_rewards=True,
             )
             mean = float(sum(returns) / len(returns))
             self.evals.append((self.num_timesteps, round(time.perf_counter() - self.t0, 3), mean))
-            self.run = self.run + 1 if mean >= target else 0
-            return self.run < solve_evals
+            self.run = self.run + 1 if mean >= trial.target else 0
+            return self.run < trial.solve_evals
 
-    train_env = make_vec_env(env, n_envs=1, seed=seed, env_kwargs=env_kwargs)
+    train_env = make_vec_env(trial.env, n_envs=1, seed=seed, env_kwargs=trial.env_kwargs)
     model = DQN("MlpPolicy", train_env, seed=seed, device="cpu", verbose=0, **RL_ZOO_CARTPOLE)
     cb = SolveCallback()
     cb.t0 = time.perf_counter()
-    model.learn(total_timesteps=budget, callback=cb)
+    model.learn(total_timesteps=trial.budget, callback=cb)
     wall = time.perf_counter() - cb.t0
     train_env.close()
     cb.eval_env.close()
-    first, confirmed = hits(cb.evals, target, solve_evals)
+    first, confirmed = hits(cb.evals, trial.target, trial.solve_evals)
     return {
         "seed": seed,
         "solved": confirmed is not None,
@@ -319,15 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     mark_start()
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    common = dict(
-        env=args.env,
-        env_kwargs=args.env_kwargs,
-        budget=args.budget,
-        eval_every=args.eval_every,
-        episodes=args.eval_episodes,
-        target=args.target,
-        solve_evals=args.solve_evals,
-    )
+    trial = Trial(
+        args.env, args.env_kwargs, args.budget, args.eval_every, args.eval_episodes, args.target,
+        args.solve_evals,
+    )  # fmt: skip
     systems = {"clusterenv": args.clusterenv_args.split()}
     systems |= {
         f"clusterenv {v}": [*args.clusterenv_args.split(), *v.split()] for v in args.variant
@@ -337,12 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         results["SB3 DQN"] = []
     for seed in seeds:  # interleaved, so a change in machine load hits every system
         for name, extra in systems.items():
-            results[name].append(
-                clusterenv_run(seed, **common, extra=extra, max_wall_s=args.max_wall)
-            )
+            results[name].append(clusterenv_run(seed, trial, extra=extra, max_wall_s=args.max_wall))
             print(f"seed {seed} {name}: {_fmt_run(results[name][-1])}", flush=True)
         if not args.skip_sb3:
-            results["SB3 DQN"].append(sb3_run(seed, **common, threads=args.sb3_threads))
+            results["SB3 DQN"].append(sb3_run(seed, trial, threads=args.sb3_threads))
             print(f"seed {seed} SB3 DQN: {_fmt_run(results['SB3 DQN'][-1])}", flush=True)
 
     rows = [
