@@ -14,6 +14,7 @@ import textwrap
 import time
 import typing
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -226,23 +227,34 @@ def wait_for_rows(run_parent: Path, rows: int, proc: subprocess.Popen, timeout_s
         time.sleep(0.2)
 
 
-@pytest.mark.slow
-def test_the_run_survives_a_broker_restart(tmp_path):
-    mark = uuid.uuid4().hex
+def run_with_broker_fault(
+    tmp_path: Path, args: list[str], fault: Callable[[PrivateRedis], None], mark: str
+) -> tuple[subprocess.Popen, Tree, str]:
+    """`clusterenv train ARGS` on a redis-server of the test's own; `fault(server)` once the run
+    has logged an evaluation; then wait for the CLI to end. Returns it, its tree and its stderr."""
     with PrivateRedis() as server:
-        proc = start_cli(
-            ["train", "--redis-url", server.url, "--workers", "2", "--total-steps", "10000",
-             "--target-return", "1e9", "--eval-every", "2000", "--run-dir", str(tmp_path)], mark,
-        )  # fmt: skip
+        proc = start_cli(["train", "--redis-url", server.url, "--workers", "2",
+                          "--run-dir", str(tmp_path), *args], mark)  # fmt: skip
         tree = Tree(proc)
         try:
             wait_for_rows(tmp_path, 1, proc, 120)
             tree.look()
-            server.restart(3.0)  # everything on the broker is lost: queue, stream, weights
+            fault(server)
             err = wait_watching(proc, tree, 240)
         finally:
             if proc.poll() is None:
                 proc.kill()
+    return proc, tree, err
+
+
+@pytest.mark.slow
+def test_the_run_survives_a_broker_restart(tmp_path):
+    mark = uuid.uuid4().hex
+    # Everything on the broker is lost in the restart: queue, stream, weights.
+    proc, tree, err = run_with_broker_fault(
+        tmp_path, ["--total-steps", "10000", "--target-return", "1e9", "--eval-every", "2000"],
+        lambda server: server.restart(3.0), mark,
+    )  # fmt: skip
     assert proc.returncode == 0, err
     assert "Traceback" not in err
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
@@ -256,20 +268,9 @@ def test_the_run_survives_a_broker_restart(tmp_path):
 @pytest.mark.slow
 def test_a_broker_gone_for_good_ends_the_run_with_one_line(tmp_path):
     mark = uuid.uuid4().hex
-    with PrivateRedis() as server:
-        proc = start_cli(
-            ["train", "--redis-url", server.url, "--workers", "2", "--total-steps", "1000000",
-             "--run-dir", str(tmp_path)], mark,
-        )  # fmt: skip
-        tree = Tree(proc)
-        try:
-            wait_for_rows(tmp_path, 1, proc, 120)
-            tree.look()
-            server.stop()
-            err = wait_watching(proc, tree, 240)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    proc, tree, err = run_with_broker_fault(
+        tmp_path, ["--total-steps", "1000000"], lambda server: server.stop(), mark
+    )
     assert proc.returncode == 1, err
     assert "run failed: " in err and ("broker unreachable" in err or "ingest failed" in err), err
     assert "Traceback" not in err
