@@ -188,7 +188,8 @@ class TrainConfig:
             (self.evaluation, "eval_episodes"), (self.weights, "reference_size"),
             (self.weights, "reference_every"), (self.weights, "weight_ttl_s"),
             (self.weights, "weights_kept"), (self.replay, "updates_per_turn"),
-            (self.dispatch, "chunks_per_process"), (self.dispatch, "lost_after_s"),
+            (self.dispatch, "tasks_per_process"), (self.dispatch, "chunks_per_task"),
+            (self.dispatch, "lost_after_s"),
             (self.evaluation, "eval_timeout_s"), (self.evaluation, "solve_evals"),
             (self, "status_every_s"),
         ]  # fmt: skip

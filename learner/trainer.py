@@ -144,7 +144,7 @@ class Trainer:
     def _may_send(self, pending: int) -> bool:
         if self.accounting.env_steps + pending >= self.cfg.total_steps:
             return False
-        return self.limiter.can_insert(self.dispatcher.chunk_env_steps, pending)
+        return self.limiter.can_insert(self.dispatcher.task_env_steps, pending)
 
     def train(self) -> int:
         """Up to `updates_per_turn` gradient steps, as far as the rate limiter allows."""
