@@ -59,9 +59,20 @@ def _one_line_parse_errors(event: Any) -> None:
     # Anything else: tyro's own message.
 
 
-def parse(kind: type, argv: list[str], prog: str) -> Any:
+def parse(kind: type, argv: list[str], prog: str, default: Any = None) -> Any:
     with tyro._errors.on_parse_error(_one_line_parse_errors):
-        return tyro.cli(kind, args=argv, prog=prog, config=FLAT)
+        return tyro.cli(kind, args=argv, prog=prog, config=FLAT, default=default)
+
+
+def parse_train(argv: list[str]) -> TrainConfig:
+    """Flags on top of the env's preset (learner/presets.toml), or on the plain defaults."""
+    from learner.presets import defaults_for, preset_choice
+
+    try:
+        default = defaults_for(*preset_choice(argv))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return parse(TrainConfig, argv, "clusterenv train", default)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
@@ -153,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
     try:
         if command == "train":
-            return train(parse(TrainConfig, rest, "clusterenv train"))
+            return train(parse_train(rest))
         if command == "report":
             return report(parse(ReportArgs, rest, "clusterenv report"))
         if command in ("-h", "--help"):

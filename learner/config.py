@@ -151,6 +151,9 @@ class TrainConfig:
 
     env: str = "CartPole-v1"
     """Gymnasium env id (Discrete actions, Box observations)"""
+    preset: bool = True
+    """start from the env's entry in learner/presets.toml when it has one (flags override it);
+    --no-preset: the plain defaults below"""
     env_kwargs: JsonObject = field(default_factory=dict)
     """keyword arguments for gymnasium.make as a JSON object, e.g. '{"g": 9.8}'"""
     seed: int = 1
