@@ -1,4 +1,4 @@
-"""`clusterenv` command line: `train` (flags derived from TrainConfig by tyro) and `report`."""
+"""`clusterenv` command line: `train` (flags derived from TrainConfig by tyro), `eval`, `report`."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ import tyro
 from learner.config import TrainConfig
 
 WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A tasks worker --loglevel=INFO"
-USAGE = """usage: clusterenv {train,report} [--help] | --version
+USAGE = """usage: clusterenv {train,eval,report} [--help] | --version
 
   train    train Double DQN (embedded server and local workers unless --redis-url)
+  eval     greedy return of a checkpoint or run directory, mean ± std over episodes; MP4s
   report   plots and a table from one or more run directories
 """
 # Nested configs give flat flags (`--lr`, not `--dqn.lr`).
@@ -40,6 +41,23 @@ class ReportArgs:
     """output folder"""
     target: float | None = None
     """return that counts as solved in the steps-to-target column; unset: each run's own target"""
+
+
+@dataclass
+class EvalArgs:
+    """Greedy return of a saved Q-network, mean ± std over episodes run on this machine.
+
+    The env is the run's (its config.json). MP4s with --video need `pip install 'clusterenv[video]'`.
+    """
+
+    checkpoint: tyro.conf.Positional[Path]
+    """a .safetensors checkpoint, or a run directory (its final.safetensors, else the newest in checkpoints/)"""
+    episodes: int = 10
+    """greedy episodes to run"""
+    seed: int = 0
+    """episode i is reset with seed + i"""
+    video: Path | None = None
+    """folder for one MP4 per episode (gymnasium's RecordVideo; the env needs an rgb_array render mode)"""
 
 
 def _one_line_parse_errors(event: Any) -> None:
@@ -147,6 +165,16 @@ def report(args: ReportArgs) -> int:
     return 0
 
 
+def evaluate(args: EvalArgs) -> int:
+    from learner.eval_checkpoint import evaluate_checkpoint
+
+    try:
+        print(evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, args.video))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -154,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if command == "train":
             return train(parse(TrainConfig, rest, "clusterenv train"))
+        if command == "eval":
+            return evaluate(parse(EvalArgs, rest, "clusterenv eval"))
         if command == "report":
             return report(parse(ReportArgs, rest, "clusterenv report"))
         if command in ("-h", "--help"):
@@ -163,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"clusterenv {version('clusterenv')}")
             return 0
         raise CliError(
-            f"unknown command {command!r}; choose train or report"
+            f"unknown command {command!r}; choose train, eval or report"
             if command
             else "no command given"
         )

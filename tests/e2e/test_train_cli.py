@@ -24,6 +24,7 @@ from learner.metrics import read_metrics
 from pipeline.cluster.embedded import LocalWorkers
 from pipeline.sync.rules import DEFAULT_SYNC
 from tests.servers import PrivateRedis
+from tests.tfevents import read_scalars
 
 CLI = [sys.executable, "-m", "learner.cli"]
 
@@ -143,8 +144,18 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
     assert summary["ingest"]["rejected"] == 0
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert rows and all("eval/return_mean" in r for r in rows)
+    # TensorBoard beside it: every numeric key of the rows, at the same env steps and values.
+    scalars = read_scalars(run_dir)
+    for key in ("eval/return_mean", "learner/updates", "pipeline/weight_fetches"):
+        expected = [(r["env_steps"], pytest.approx(r[key])) for r in rows if r.get(key) is not None]
+        assert scalars[key] == expected, key
+    assert set(scalars) == {k for r in rows for k, v in r.items() if v is not None} - {"env_steps"}
     assert len(tree.seen) >= 3  # server and two workers were seen below the CLI
     assert_no_survivors(mark, tree)
+    # The run's checkpoint plays back locally.
+    out = subprocess.run(CLI + ["eval", str(run_dir), "--episodes", "2"], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0 and "over 2 episodes" in out.stdout, out.stderr
 
 
 @pytest.mark.slow
