@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import tyro
 
@@ -39,8 +39,10 @@ class ReportArgs:
     """run directories written by `clusterenv train`"""
     out: Path = Path("report")
     """output folder"""
-    target: float | None = None
-    """return that counts as solved in the steps-to-target column; unset: each run's own target"""
+    target: Annotated[
+        float | None, tyro.conf.arg(help_behavior_hint="(default: each run's own target)")
+    ] = None
+    """return that counts as solved in the steps-to-target column"""
 
 
 @dataclass
@@ -56,7 +58,7 @@ class EvalArgs:
     """greedy episodes to run"""
     seed: int = 0
     """episode i is reset with seed + i"""
-    video: Path | None = None
+    video: Annotated[Path | None, tyro.conf.arg(help_behavior_hint="(default: no video)")] = None
     """folder for one MP4 per episode (gymnasium's RecordVideo; the env needs an rgb_array render mode)"""
 
 

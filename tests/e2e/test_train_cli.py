@@ -417,3 +417,7 @@ def test_help_explains_every_flag():
         assert text, f"{name} has no docstring"
         assert f"--{name.replace('_', '-')}" in words
         assert " ".join(text.split()[:3]) in words, name
+    # One default per flag: an unset setting says what it means once, not "unset: …" and then
+    # "(default: None)" as well.
+    assert words.count("(default") == len(docs)
+    assert "(default: None)" not in words and "unset" not in words
