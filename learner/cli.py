@@ -91,7 +91,7 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 def train(cfg: TrainConfig) -> int:
     from learner.envs import env_spaces
     from learner.trainer import RunFailed, Trainer
-    from pipeline.cluster.embedded import Stack
+    from pipeline.cluster.embedded import Stack, WorkersDidNotStart
     from pipeline.connect import RedisUnreachable, connect
 
     try:
@@ -127,6 +127,9 @@ def train(cfg: TrainConfig) -> int:
         return 130
     except RunFailed as exc:
         print(f"clusterenv: run failed: {exc}; partial run in {run_dir}", file=sys.stderr)
+        return 1
+    except WorkersDidNotStart as exc:
+        print(f"clusterenv: error: {exc}", file=sys.stderr)
         return 1
     status = "solved" if result.solved else "budget spent"
     print(

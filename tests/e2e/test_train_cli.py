@@ -421,3 +421,16 @@ def test_help_explains_every_flag():
     # "(default: None)" as well.
     assert words.count("(default") == len(docs)
     assert "(default: None)" not in words and "unset" not in words
+
+
+def test_workers_that_never_start_give_one_line(tmp_path):
+    # A setting the workers cannot read (celeryconfig parses it at import) stops each local
+    # worker before it reports; the learner says so in one line, with the log's last line.
+    env = {**os.environ, "CLUSTERENV_VISIBILITY_TIMEOUT": "soon"}
+    out = subprocess.run(CLI + ["train", "--workers", "1", "--run-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 1
+    err = out.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "local celery worker exited with code" in err and "'soon'" in err, err
+    assert "workers.log" in err
