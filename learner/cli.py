@@ -1,8 +1,10 @@
-"""`clusterenv` command line: `train` (flags derived from TrainConfig by tyro), `eval`, `report`."""
+"""`clusterenv` command line: `train` (flags derived from TrainConfig by tyro), `eval`, `report`,
+`status`."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -17,11 +19,12 @@ import tyro
 from learner.config import TrainConfig
 
 WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A tasks worker --loglevel=INFO"
-USAGE = """usage: clusterenv {train,eval,report} [--help] | --version
+USAGE = """usage: clusterenv {train,eval,report,status} [--help] | --version
 
   train    train Double DQN (embedded server and local workers unless --redis-url)
   eval     greedy return of a checkpoint or run directory, mean ± std over episodes; MP4s
   report   plots and a table from one or more run directories
+  status   the progress of the runs on a broker, as their learners last wrote it
 """
 # Nested configs give flat flags (`--lr`, not `--dqn.lr`).
 FLAT = (tyro.conf.OmitArgPrefixes,)
@@ -60,6 +63,20 @@ class EvalArgs:
     """episode i is reset with seed + i"""
     video: Annotated[Path | None, tyro.conf.arg(help_behavior_hint="(default: no video)")] = None
     """folder for one MP4 per episode (gymnasium's RecordVideo; the env needs an rgb_array render mode)"""
+
+
+@dataclass
+class StatusArgs:
+    """The progress of every run on a broker (steps, steps/s, eval, version, state), as each
+    learner wrote it in the last few seconds."""
+
+    redis_url: Annotated[
+        str | None,
+        tyro.conf.arg(help_behavior_hint="(default: $CLUSTERENV_REDIS_URL, else the local one)"),
+    ] = None
+    """the broker the runs use (an embedded run prints its URL when it starts)"""
+    json: bool = False
+    """print the statuses as one JSON list instead of a line per run"""
 
 
 def _one_line_parse_errors(event: Any) -> None:
@@ -180,6 +197,32 @@ def evaluate(args: EvalArgs) -> int:
     return 0
 
 
+def status(args: StatusArgs) -> int:
+    import json
+
+    import redis
+
+    from learner.status import read_statuses, status_line
+    from pipeline.connect import RedisUnreachable, connect
+
+    url = args.redis_url or os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        statuses = read_statuses(connect(url))
+    except RedisUnreachable as exc:
+        raise CliError(str(exc)) from None
+    except redis.RedisError as exc:  # reachable, but refuses (a password, say)
+        raise CliError(f"{url}: {exc}") from None
+    if args.json:
+        print(json.dumps(statuses))
+        return 0
+    if not statuses:
+        print(f"no run status on {url}", file=sys.stderr)
+    now = time.time()
+    for one in statuses:
+        print(status_line(one, now))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -189,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             return train(parse(TrainConfig, rest, "clusterenv train"))
         if command == "eval":
             return evaluate(parse(EvalArgs, rest, "clusterenv eval"))
+        if command == "status":
+            return status(parse(StatusArgs, rest, "clusterenv status"))
         if command == "report":
             return report(parse(ReportArgs, rest, "clusterenv report"))
         if command in ("-h", "--help"):
@@ -198,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"clusterenv {version('clusterenv')}")
             return 0
         raise CliError(
-            f"unknown command {command!r}; choose train, eval or report"
+            f"unknown command {command!r}; choose train, eval, report or status"
             if command
             else "no command given"
         )

@@ -335,6 +335,10 @@ def test_workers_on_a_given_broker_and_one_started_mid_run(redis_url, workers, t
             assert proc.poll() is None and time.monotonic() < deadline, _text(late_log)[-2000:]
             time.sleep(0.5)
         time.sleep(1.0)  # let its chunks reach the learner
+        # An operator sees the run's progress from the broker alone.
+        run_id = only_run_dir(tmp_path).name
+        (status,) = [s for s in broker_statuses(redis_url) if s["run_id"] == run_id]
+        assert status["state"] == "running" and status["env_steps"] > 0, status
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -342,10 +346,19 @@ def test_workers_on_a_given_broker_and_one_started_mid_run(redis_url, workers, t
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
+    (status,) = [s for s in broker_statuses(redis_url) if s["run_id"] == run_id]
+    assert status["state"] == "interrupted", status
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
     names = list(summary["sync_per_worker"])
     assert any(late.tag in n for n in names), names  # the learner ingested the late worker's chunks
     assert len(names) == 3
+
+
+def broker_statuses(redis_url: str) -> list[dict]:
+    out = subprocess.run(CLI + ["status", "--redis-url", redis_url, "--json"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 def _text(path: Path) -> str:
