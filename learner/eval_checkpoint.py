@@ -51,9 +51,8 @@ def run_config(checkpoint: Path) -> dict[str, Any]:
 
 
 def load_policy(checkpoint: Path) -> NumpyMLP:
-    tensors = decode_weights(
-        checkpoint.read_bytes()
-    )  # CodecError (a ValueError) if not safetensors
+    # A file that is not safetensors raises CodecError, a ValueError.
+    tensors = decode_weights(checkpoint.read_bytes())
     online = {
         k.removeprefix(ONLINE_PREFIX): v for k, v in tensors.items() if k.startswith(ONLINE_PREFIX)
     }
@@ -90,7 +89,7 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int, video: Path | None
     env_id = config["env"]
     try:
         env = _make_env(env_id, config["env_kwargs"], video)
-    except gym.error.Error as exc:
+    except (gym.error.Error, TypeError) as exc:  # TypeError: env_kwargs the env does not take
         raise ValueError(f"env {env_id!r} from the run's config.json: {exc}") from None
     obs_size = int(np.prod(env.observation_space.shape or (0,)))
     inputs = policy.layers[0][0].shape[0]
