@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any
 
+from tyro.conf import arg
 from tyro.constructors import PrimitiveConstructorSpec
 
 from pipeline.chunks.dispatcher import DispatchConfig
@@ -160,12 +161,19 @@ class TrainConfig:
     """seed for the learner, the workers' envs and exploration"""
     total_steps: int = 100_000
     """env-step budget; the run stops when it is spent"""
-    target_return: float | None = None
-    """stop once the greedy eval mean reaches this; unset: the env's reward_threshold"""
-    redis_url: str | None = None
-    """Redis broker shared with the workers; unset: start an embedded server"""
-    workers: int | None = None
-    """local worker processes to start; unset: one per core without --redis-url, 0 with it"""
+    # An unset setting's help names what it means, once (tyro would add "(default: None)").
+    target_return: Annotated[
+        float | None, arg(help_behavior_hint="(default: the env's reward_threshold)")
+    ] = None
+    """stop once the greedy eval mean reaches this"""
+    redis_url: Annotated[
+        str | None, arg(help_behavior_hint="(default: start an embedded server)")
+    ] = None
+    """Redis broker shared with the workers"""
+    workers: Annotated[
+        int | None, arg(help_behavior_hint="(default: one per core without --redis-url, 0 with it)")
+    ] = None
+    """local worker processes to start"""
     run_dir: str = "runs"
     """parent folder of the run directory"""
     status_every_s: float = 30.0

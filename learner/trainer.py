@@ -33,6 +33,7 @@ from learner.progress import Progress
 from learner.publisher import Publisher
 from learner.rate_limiter import RateLimiter
 from learner.replay import ReplayBuffer
+from learner.status import RunStatus
 from pipeline.chunks.dispatcher import Dispatcher
 from pipeline.chunks.stream import StreamReader, transition_specs
 from pipeline.cluster.celery_client import celery_client
@@ -123,6 +124,7 @@ class Trainer:
         )  # fmt: skip
         self.accounting = RunAccounting()
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
+        self.status = RunStatus(self.client, self.keys, cfg.env)  # for `clusterenv status`
         # --- the run's progress: evaluations asked for and their results ---
         self.next_eval, self.asked_at = cfg.evaluation.eval_every, -1  # env steps
         self.evals: list[tuple[int, float]] = []  # (env steps, mean return) per evaluation
@@ -245,7 +247,7 @@ class Trainer:
         self.publish()  # version 0: workers act with the untrained network
         self.t0 = time.perf_counter()
         self.ingest.start()
-        self.progress = Progress(cfg.total_steps, cfg.status_every_s)
+        self.progress = Progress(cfg.total_steps, cfg.status_every_s, self.status)
         interrupted, failure = False, None
         try:
             while self.turn():
@@ -342,5 +344,7 @@ class Trainer:
             **acc.summary(),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if failure is None or not failure.broker_gone:
+            self.status.finish(summary)
         self.metrics.close()
         self.celery.close()

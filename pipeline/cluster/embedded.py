@@ -25,6 +25,10 @@ from pipeline.connect import connect
 _PR_SET_PDEATHSIG = 1
 
 
+class WorkersDidNotStart(RuntimeError):
+    """Local workers exited or never reported; the message is one line and names the log."""
+
+
 def _die_with_parent() -> None:
     """preexec_fn: SIGTERM this child when the process that started it dies."""
     with contextlib.suppress(OSError):
@@ -65,18 +69,34 @@ class LocalWorkers:
                 self.procs.append(self._spawn(len(self.procs), env, log))
 
     def wait_ready(self, client: redis.Redis, expected: int, timeout_s: float = 60.0) -> None:
+        """Until `expected` worker processes report; WorkersDidNotStart if one exits or time is up."""
         deadline = time.monotonic() + timeout_s
         registry = WorkerRegistry(client)
         while registry.alive_processes() < expected:
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
-                raise RuntimeError(
-                    f"celery worker exited with code {dead[0].returncode}"
-                    + (f"; see {self.log_path}" if self.log_path else "")
+                raise WorkersDidNotStart(
+                    f"a local celery worker exited with code {dead[0].returncode}{self._log_hint()}"
                 )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{expected} workers did not report within {timeout_s:.0f} s")
+                raise WorkersDidNotStart(
+                    f"{expected} local worker processes did not report within {timeout_s:.0f} s"
+                    + self._log_hint()
+                )
             time.sleep(0.1)
+
+    def _log_hint(self) -> str:
+        """The log's last line (usually the error that stopped the worker) and where the log is."""
+        if self.log_path is None:
+            return ""
+        try:
+            lines = [
+                ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()
+            ]
+        except OSError:
+            lines = []
+        last = f" ({lines[-1].strip()[:200]})" if lines else ""
+        return f"{last}; see {self.log_path}"
 
     @property
     def pids(self) -> list[int]:
