@@ -205,6 +205,22 @@ class Shard:
                 self.needs_reset[i] = True
         return obs, reward, terminated, truncated, info
 
+    def _end_failed(self, i: int) -> tuple[Any, dict[str, Any]]:
+        """Env i raised in step: its state is unknown, so its episode ends (truncated); obs, info."""
+        last = self.last_obs.get(i)
+        if last is None:
+            last = self.obs_space.sample()
+        self.needs_reset[i] = True
+        if not self.same_step:
+            return last, {}
+        final = {"final_obs": last, "final_info": {}}
+        try:  # SAME_STEP: the next episode starts in this step, as after any other end
+            obs, info = self.envs[i].reset()
+        except Exception:  # the step's error is reported; the reset is tried again next step
+            return last, final
+        self.needs_reset[i] = False
+        return obs, {**info, **final}
+
     def step(self, msg: Message) -> Message:
         # Writable copies: some envs clip their action in place.
         actions = [msg.arrays[f"action{k}"].copy() for k in range(len(self.action_leaves))]
@@ -217,12 +233,9 @@ class Shard:
             try:
                 obs, r, term, trunc, info = self._step_one(i, action)
             except Exception as exc:
-                # The env's state is unknown now: end its episode (truncated) and reset it next.
                 errors.append(_error(i, "step", exc))
-                obs, r, term, trunc, info = self.last_obs.get(i), 0.0, False, True, {}
-                self.needs_reset[i] = True
-                if obs is None:
-                    obs = self.obs_space.sample()
+                obs, info = self._end_failed(i)
+                r, term, trunc = 0.0, False, True
             reward[j], terminated[j], truncated[j] = r, term, trunc
             rows.put(j, obs, r, term, trunc)
             self.last_obs[i] = obs

@@ -91,14 +91,15 @@ def leaf_spaces(space: gym.Space) -> list[gym.Space]:
 
 def kind_of(value: Any) -> str:
     """'b' / 'i' / 'f' for a Python bool / int / float, 's<dtype>' for a numpy scalar, 'a<dtype>' for an array."""
+    # numpy first: np.float64 is also a Python float.
+    if isinstance(value, np.generic | np.ndarray):
+        return ("s" if isinstance(value, np.generic) else "a") + value.dtype.str
     if isinstance(value, bool):
         return "b"
     if isinstance(value, int):
         return "i"
     if isinstance(value, float):
         return "f"
-    if isinstance(value, np.generic | np.ndarray):
-        return ("s" if isinstance(value, np.generic) else "a") + value.dtype.str
     return ""  # anything else (a list, say) comes back as the batch's numpy value
 
 

@@ -101,14 +101,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
-        batch = self._reset_batch(seed, options)
-        return self._obs(batch), self._vector_infos(batch)
+        batch = self.reset_batch(seed, options)
+        return self.observations(batch), self._vector_infos(batch)
 
-    def _obs(self, batch: Batch) -> Any:
+    def observations(self, batch: Batch) -> Any:
         """The batched observation: an array, or a dict / tuple of arrays as batch_space lays out."""
         return from_leaves(self.single_observation_space, iter(batch.obs_leaves))
 
-    def _reset_batch(self, seed: int | list[int | None] | None, options: dict | None) -> Batch:
+    def reset_batch(self, seed: int | list[int | None] | None, options: dict | None) -> Batch:
+        """reset() as a Batch: per-env infos and the types the envs returned (for adapters)."""
         n = self.num_envs
         if seed is None:
             seeds: list[int | None] = [None] * n
@@ -129,23 +130,24 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             envs = np.flatnonzero(mask).tolist()
         batch = self._columns.reset(envs, [seeds[i] for i in envs], options)
         if batch.errors:
-            self._raise_errors(batch.errors, self._obs(batch), self._vector_infos(batch))
+            self._raise_errors(batch.errors, self.observations(batch), self._vector_infos(batch))
         self._needs_reset = False
         return batch
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        batch = self._step_batch(actions)
+        batch = self.step_batch(actions)
         return (
-            self._obs(batch), batch.rewards, batch.terminated, batch.truncated,
+            self.observations(batch), batch.rewards, batch.terminated, batch.truncated,
             self._vector_infos(batch),
         )  # fmt: skip
 
-    def _step_batch(self, actions: Any) -> Batch:
+    def step_batch(self, actions: Any) -> Batch:
+        """step() as a Batch: per-env infos and the types the envs returned (for adapters)."""
         if self._needs_reset:
             raise gym.error.ResetNeeded("call reset() before step() on a RemoteVectorEnv")
         batch = self._columns.step(self._checked(actions))
         if batch.errors:
-            result = (self._obs(batch), batch.rewards, batch.terminated, batch.truncated)
+            result = (self.observations(batch), batch.rewards, batch.terminated, batch.truncated)
             self._raise_errors(batch.errors, *result, self._vector_infos(batch))
         return batch
 
@@ -292,13 +294,13 @@ class RemoteEnv(gym.Env):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)  # seeds the local np_random, as Env.reset promises
-        batch = self._vec._reset_batch(seed, options)
+        batch = self._vec.reset_batch(seed, options)
         return self._restored(batch)[0], batch.infos[0]
 
     def step(self, action: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         space = self.action_space
         one = [np.asarray(a)[None] for a in leaves(space, action)]
-        batch = self._vec._step_batch(from_leaves(space, iter(one)))
+        batch = self._vec.step_batch(from_leaves(space, iter(one)))
         obs, reward, terminated, truncated = self._restored(
             batch, batch.rewards, batch.terminated, batch.truncated
         )

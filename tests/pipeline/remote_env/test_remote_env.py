@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -27,22 +26,6 @@ from pipeline.remote_env import RemoteEnv, RemoteEnvError, RemoteVectorEnv, Shar
 HELPERS = "tests.pipeline.remote_env.remote_env_helpers"
 FLAKY, TAGGED = f"{HELPERS}:RemoteTestFlaky-v0", f"{HELPERS}:RemoteTestTagged-v0"
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def remote(redis_url: str, workers: LocalWorkers) -> Iterator:
-    """A factory for remote vector envs on the session workers, all closed after the test."""
-    made: list[RemoteVectorEnv] = []
-
-    def make(env_id: str = "CartPole-v1", num_envs: int = 4, **kw) -> RemoteVectorEnv:
-        kw.setdefault("shards", 2)
-        env = RemoteVectorEnv(env_id, num_envs, redis_url=redis_url, **kw)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.close()
 
 
 def local_cartpoles(n: int, env_id: str = "CartPole-v1", **kw) -> gym.vector.SyncVectorEnv:
