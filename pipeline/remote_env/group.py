@@ -140,7 +140,7 @@ class ShardGroup:
             spec = ShardSpec(
                 self.session, ref.id, self.env_id, envs, self.options.heartbeat_ttl_s,
                 self.options.idle_timeout_s, self.env.env_kwargs, self.env.env_spec,
-                self.autoreset.value,
+                self.autoreset.value, self.options.note_types,
             )  # fmt: skip
             self.celery.send_task(HOST_SHARD_TASK, kwargs=spec.to_json())
             self.retired.append(ref)  # until its hello arrives; close() reaches it either way

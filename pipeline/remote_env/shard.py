@@ -38,7 +38,14 @@ from pipeline.remote_env.messages import (
     pack,
     unpack,
 )
-from pipeline.remote_env.spaces import from_leaves, kind_of, leaf_spaces, leaves, space_to_tree
+from pipeline.remote_env.spaces import (
+    ARRAY_SPACES,
+    from_leaves,
+    kind_of,
+    leaf_spaces,
+    leaves,
+    space_to_tree,
+)
 
 # How long one BLPOP waits before the loop looks at its exit conditions again.
 POLL_S = 1.0
@@ -97,26 +104,35 @@ class ShardLiveness:
 
 
 class Rows:
-    """The observations of n envs as one array per leaf of the space, and the kind of each value."""
+    """The observations of n envs as one array per leaf of the space, and, if asked, each value's kind."""
 
-    def __init__(self, space: gym.Space, n: int):
-        self.space = space
+    def __init__(self, space: gym.Space, n: int, note_kinds: bool):
+        self.space, self.note_kinds = space, note_kinds
+        self.flat = isinstance(space, ARRAY_SPACES)  # one leaf: skip the tree walk per row
         self.arrays = [np.zeros((n, *s.shape), dtype=s.dtype) for s in leaf_spaces(space)]
         self.kinds: list[list[str]] = [[] for _ in range(n)]
 
     def put(self, j: int, obs: Any, *scalars: Any) -> None:
         """Row j is `obs`; its kinds are those of obs's leaves and then of `scalars`."""
-        values = leaves(self.space, obs)
-        for array, value in zip(self.arrays, values, strict=True):
-            array[j] = value
-        self.kinds[j] = [kind_of(v) for v in (*values, *scalars)]
+        if self.flat:  # the common case, kept cheap: it runs once per env step
+            self.arrays[0][j] = obs
+            values = [obs]
+        else:
+            values = leaves(self.space, obs)
+            for array, value in zip(self.arrays, values, strict=True):
+                array[j] = value
+        if self.note_kinds:
+            self.kinds[j] = [kind_of(v) for v in (*values, *scalars)]
 
     def message(self, op: str, msg: Message, infos: list, errors: list, **columns: Any) -> Message:
         arrays = {f"obs{k}": a for k, a in enumerate(self.arrays)} | columns
-        # Most shards' envs return the same kinds every row: then one row stands for all.
-        kinds = self.kinds[:1] if all(k == self.kinds[0] for k in self.kinds) else self.kinds
         tree = infos if any(infos) else None  # most envs return empty infos: send nothing
-        return Message(op, msg.seq, msg.envs, tree, arrays, {"errors": errors, "kinds": kinds})
+        extra: dict[str, Any] = {"errors": errors}
+        if self.note_kinds:
+            # Most shards' envs return the same kinds every row: then one row stands for all.
+            uniform = all(k == self.kinds[0] for k in self.kinds)
+            extra["kinds"] = self.kinds[:1] if uniform else self.kinds
+        return Message(op, msg.seq, msg.envs, tree, arrays, extra)
 
 
 class Shard:
@@ -173,7 +189,7 @@ class Shard:
 
     def reset(self, msg: Message) -> Message:
         seeds = msg.extra.get("seeds") or [None] * len(msg.envs)
-        rows, infos, errors = Rows(self.obs_space, len(msg.envs)), [], []
+        rows, infos, errors = Rows(self.obs_space, len(msg.envs), self.spec.note_types), [], []
         for j, (i, seed) in enumerate(zip(msg.envs, seeds, strict=True)):
             info: dict[str, Any] = {}
             try:
@@ -225,7 +241,7 @@ class Shard:
         # Writable copies: some envs clip their action in place.
         actions = [msg.arrays[f"action{k}"].copy() for k in range(len(self.action_leaves))]
         n = len(msg.envs)
-        rows, reward = Rows(self.obs_space, n), np.zeros(n, dtype=np.float64)
+        rows, reward = Rows(self.obs_space, n, self.spec.note_types), np.zeros(n, dtype=np.float64)
         terminated, truncated = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         infos, errors = [], []
         for j, i in enumerate(msg.envs):

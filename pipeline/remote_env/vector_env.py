@@ -47,7 +47,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         env_kwargs: dict[str, Any] | None = None,
         shards: int | None = None,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-        **options: float,
+        **options: Any,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -274,8 +274,9 @@ class RemoteEnv(gym.Env):
         **options: Any,
     ):
         self._vec = RemoteVectorEnv(
-            env_id, 1, redis_url=redis_url, env_kwargs=env_kwargs, shards=1, **options
-        )
+            env_id, 1, redis_url=redis_url, env_kwargs=env_kwargs, shards=1, note_types=True,
+            **options,
+        )  # fmt: skip
         self.observation_space = self._vec.single_observation_space
         self.action_space = self._vec.single_action_space
         self.metadata = {k: v for k, v in self._vec.metadata.items() if k != "autoreset_mode"}

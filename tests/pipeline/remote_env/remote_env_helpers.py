@@ -98,6 +98,32 @@ class SpacesEnv(gym.Env):
         return self._obs(), reward, self.t >= 5, False, {"choice": int(choice)}
 
 
+class DictObsEnv(gym.Env):
+    """A flat Dict observation and Discrete actions, as SB3's MultiInputPolicy takes; 8 steps."""
+
+    observation_space = gym.spaces.Dict(
+        {
+            "pos": gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32),
+            "t": gym.spaces.Discrete(9),
+        }
+    )
+    action_space = gym.spaces.Discrete(2)
+
+    def _obs(self) -> dict[str, Any]:
+        return {"pos": self.np_random.uniform(-1, 1, 2).astype(np.float32), "t": self.t}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), float(action), self.t >= 8, False, {}
+
+
 gym.register("RemoteTestSpaces-v0", entry_point=SpacesEnv)
+# A 'module:Name' entry point, so that gym.make(...).spec can travel as JSON.
+gym.register("RemoteTestDictObs-v0", entry_point=f"{__name__}:DictObsEnv")
 gym.register("RemoteTestFlaky-v0", entry_point=FlakyCartPole, max_episode_steps=500)
 gym.register("RemoteTestTagged-v0", entry_point=TaggedEnv, disable_env_checker=True)
