@@ -60,7 +60,7 @@ class ShardColumns:
 
     def row(self, obs_leaves: list[np.ndarray], i: int) -> Any:
         """Env i's observation (a dict, tuple or array as the space is) from per-leaf arrays."""
-        return from_leaves(self.obs_space, iter([a[i] for a in obs_leaves]))
+        return from_leaves(self.obs_space, iter([a[i].copy() for a in obs_leaves]))
 
     def _rehome(self, envs: list[int]) -> list[int]:
         """Fresh copies of `envs` on survivors, else on a new shard; returns envs lost meanwhile."""
@@ -121,7 +121,8 @@ class ShardColumns:
         if len(kinds) == 1:  # the shard's envs all returned the same types
             kinds = kinds * len(msg.envs)
         for i, row in zip(msg.envs, kinds, strict=False):
-            batch.kinds[i] = row
+            if isinstance(row, list) and all(isinstance(k, str) for k in row):
+                batch.kinds[i] = row
         for err in msg.extra.get("errors", []):
             batch.errors.append({**err, "worker": f"{ref.worker} pid {ref.pid}", "shard": ref.id})
 

@@ -286,9 +286,11 @@ class RemoteEnv(gym.Env):
 
     def _restored(self, batch: Batch, *columns: np.ndarray) -> list[Any]:
         """Row 0's observation and `columns` as the types the env returned (noted by the shard)."""
-        kinds, n = batch.kinds[0], self._n_leaves
-        obs = [restore(a[0], kinds[k] if kinds else "") for k, a in enumerate(batch.obs_leaves)]
-        rest = [restore(c[0], kinds[n + k] if kinds else "") for k, c in enumerate(columns)]
+        n = self._n_leaves
+        # No kinds (a lost worker's row): the batch's numpy values as they are.
+        kinds = batch.kinds[0] + [""] * (n + len(columns) - len(batch.kinds[0]))
+        obs = [restore(a[0], kinds[k]) for k, a in enumerate(batch.obs_leaves)]
+        rest = [restore(c[0], kinds[n + k]) for k, c in enumerate(columns)]
         return [from_leaves(self.observation_space, iter(obs)), *rest]
 
     def reset(
