@@ -34,27 +34,20 @@ except ImportError as exc:  # the message says what to install, not just what is
 class RemoteSB3VecEnv(VecEnv):
     """`num_envs` remote copies of `env_id` (an id or an EnvSpec) as an SB3 VecEnv.
 
-    Arguments are RemoteVectorEnv's. Steps, seeds and infos follow SB3's DummyVecEnv (rewards
+    Arguments are RemoteVectorEnv's (but autoreset_mode). Steps, seeds and infos follow SB3's DummyVecEnv (rewards
     float32, `TimeLimit.truncated`, `terminal_observation`), so the same seeds give the same
     transitions. `get_attr`, `set_attr`, `env_method` and `env_is_wrapped` run on the workers;
     their values travel as JSON and numpy values (anything else arrives as its repr() string).
     Wrap it in SB3's VecMonitor for episode statistics.
     """
 
-    def __init__(
-        self,
-        env_id: str | EnvSpec,
-        num_envs: int,
-        *,
-        redis_url: str | None = None,
-        env_kwargs: dict[str, Any] | None = None,
-        shards: int | None = None,
-        **options: float,
-    ):
+    def __init__(self, env_id: str | EnvSpec, num_envs: int, **kwargs: Any):
+        if "autoreset_mode" in kwargs:
+            raise TypeError("RemoteSB3VecEnv always autoresets SAME_STEP, SB3's convention")
+        # The keyword arguments are RemoteVectorEnv's: redis_url, env_kwargs, shards, timeouts.
         self.remote = RemoteVectorEnv(
-            env_id, num_envs, redis_url=redis_url, env_kwargs=env_kwargs, shards=shards,
-            autoreset_mode=AutoresetMode.SAME_STEP, **options,
-        )  # fmt: skip
+            env_id, num_envs, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs
+        )
         self.actions: np.ndarray | None = None
         try:
             super().__init__(
