@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from pipeline.codec import ALLOWED_DTYPES
+from pipeline.remote_env.messages import Message
 
 ARRAY_SPACES = (
     gym.spaces.Box,
@@ -118,3 +119,36 @@ def restore(value: Any, kind: str) -> Any:
         if kind[0] == "a":
             return np.array(value, dtype=dtype)
     return value
+
+
+class Rows:
+    """The observations of n envs as one array per leaf of the space, and, if asked, each value's kind."""
+
+    def __init__(self, space: gym.Space, n: int, note_kinds: bool):
+        self.space, self.note_kinds = space, note_kinds
+        self.flat = isinstance(space, ARRAY_SPACES)  # one leaf: skip the tree walk per row
+        self.arrays = [np.zeros((n, *s.shape), dtype=s.dtype) for s in leaf_spaces(space)]
+        self.kinds: list[list[str]] = [[] for _ in range(n)]
+
+    def put(self, j: int, obs: Any, *scalars: Any) -> None:
+        """Row j is `obs`; its kinds are those of obs's leaves and then of `scalars`."""
+        if self.flat:  # the common case, kept cheap: it runs once per env step
+            self.arrays[0][j] = obs
+            values = [obs]
+        else:
+            values = leaves(self.space, obs)
+            for array, value in zip(self.arrays, values, strict=True):
+                array[j] = value
+        if self.note_kinds:
+            self.kinds[j] = [kind_of(v) for v in (*values, *scalars)]
+
+    def message(self, op: str, msg: Message, infos: list, errors: list, **columns: Any) -> Message:
+        """The reply to `msg`: these rows as arrays `obs0`, `obs1`, ..., `columns`, infos, kinds."""
+        arrays = {f"obs{k}": a for k, a in enumerate(self.arrays)} | columns
+        tree = infos if any(infos) else None  # most envs return empty infos: send nothing
+        extra: dict[str, Any] = {"errors": errors}
+        if self.note_kinds:
+            # Most shards' envs return the same kinds every row: then one row stands for all.
+            uniform = all(k == self.kinds[0] for k in self.kinds)
+            extra["kinds"] = self.kinds[:1] if uniform else self.kinds
+        return Message(op, msg.seq, msg.envs, tree, arrays, extra)
