@@ -169,6 +169,7 @@ def test_ten_workers_killed_mid_chunk_lose_and_duplicate_nothing(net_rig):
     rig = net_rig(workers=2)
     pools = {host.role: rig.workers(host, 1, WORKER_ENV) for host in rig.hosts}
     proc = start_learner(rig, learner_args(rig, total_steps=30_000, lost_after_s=5.0))
+    started = time.time()
     kills: list[tuple[float, str]] = []  # (when, host role)
     deadline = time.monotonic() + 180
     while len(kills) < 10:
@@ -190,7 +191,9 @@ def test_ten_workers_killed_mid_chunk_lose_and_duplicate_nothing(net_rig):
         after = [w.t for w in served_by(rig, next(h for h in rig.hosts if h.role == role), t)]
         recovered.append(min(after) - t if after else float("inf"))
     fig.report("10 SIGKILLs", kills=len(kills), recover_s_max=round(max(recovered), 2),
-               recover_s_median=round(sorted(recovered)[len(recovered) // 2], 2))  # fmt: skip
+               recover_s_median=round(sorted(recovered)[len(recovered) // 2], 2),
+               kills_done_after_s=round(kills[-1][0] - started, 1),
+               run_wall_s=fig.summary["wall_s"])  # fmt: skip
     assert fig.lost == [] and fig.duplicated_transitions() == 0
     assert fig.summary["env_steps"] >= 30_000 and fig.summary["ingest"]["rejected"] == 0
     assert fig.summary["ingest"]["duplicates"] >= fig.extra_copies  # every extra copy dropped
