@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, mark_start, table, write_results
+from bench.common import RESULTS_DIR, mark_start, save_figure, table, write_results
 from pipeline.cluster.embedded import LocalWorkers
 from tests.netrig import NetRig, unavailable
 
@@ -116,9 +116,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[0].legend()
     hosts = rows[0]["hosts"] if rows else 0
     fig.suptitle(f"Sync rules across {hosts} worker hosts: round trip and a capped broker link")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
