@@ -35,6 +35,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from pipeline.cluster.embedded import LocalWorkers, _die_with_parent
 
@@ -159,7 +160,9 @@ class NetRig:
         return leaks
 
     # --- processes -------------------------------------------------------------------------------
-    def popen(self, host: Host, argv: list[str], log: Path | None = None, **kw) -> subprocess.Popen:
+    def popen(
+        self, host: Host, argv: list[str], log: Path | None = None, **kw: Any
+    ) -> subprocess.Popen:
         """`argv` in `host`'s namespace, in its own process group, dying with this process."""
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (the child keeps it)
         try:

@@ -56,8 +56,17 @@ def test_delay_cap_and_cut_link(net_rig):
         time.sleep(0.5)
 
 
+def host_links() -> str:
+    """The interfaces and addresses of the namespace pytest runs in (the host's own)."""
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    addrs = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True).stdout
+    return links + addrs
+
+
 def test_rigs_are_apart_and_leave_nothing(net_rig):
+    before = host_links()
     a, b = net_rig(workers=1), net_rig(workers=1)
+    assert host_links() == before  # no interface or address of the host was added or changed
     assert a.id != b.id
     server = a.redis_cli("info", "server")
     assert "redis_version" in server
