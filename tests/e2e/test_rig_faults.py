@@ -202,7 +202,7 @@ def test_ten_workers_killed_mid_chunk_lose_and_duplicate_nothing(net_rig):
 
 @pytest.mark.slow
 def test_a_host_cut_off_for_30_s_is_replaced_then_serves_again(net_rig):
-    rig = net_rig(workers=2)
+    rig = net_rig(workers=2, one_way_ms=1.0)  # 2 ms round trip, as within a cloud zone
     for host in rig.hosts:
         rig.workers(host, 1, WORKER_ENV)
     cut = rig.hosts[1]
@@ -236,7 +236,7 @@ def test_a_host_cut_off_for_30_s_is_replaced_then_serves_again(net_rig):
 
 @pytest.mark.slow
 def test_a_broker_restart_on_the_rig_is_survived(net_rig):
-    rig = net_rig(workers=2)
+    rig = net_rig(workers=2, one_way_ms=5.0)  # 10 ms round trip
     for host in rig.hosts:
         rig.workers(host, 1, WORKER_ENV)
     proc = start_learner(rig, learner_args(rig, total_steps=12_000, lost_after_s=30.0))
