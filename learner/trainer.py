@@ -21,7 +21,7 @@ import redis
 import torch
 from kombu.exceptions import OperationalError
 
-from learner.accounting import RunAccounting
+from learner.accounting import RunAccounting, id_ranges
 from learner.checkpoint import save_checkpoint
 from learner.config import TrainConfig
 from learner.dqn import DQNLearner
@@ -99,7 +99,7 @@ class Trainer:
             connect(redis_url, blocking=True), self.keys,
             transition_specs(obs_space.dtype, obs_space.shape), num_actions,
         )  # fmt: skip
-        self.reader_stats = reader.stats
+        self.reader_stats, self.accepted_chunks = reader.stats, reader.seen
         self.ingest = Ingest(
             reader, self.replay, self.limiter,
             lambda version: self.publisher.lag(version, self.learner.updates),
@@ -339,6 +339,9 @@ class Trainer:
             "ingest": vars(self.reader_stats),
             "ingest_cpu_fraction": round(self.ingest.cpu_s / max(wall, 1e-9), 4),
             "lost_chunks": self.dispatcher.lost,
+            "late_chunks": self.dispatcher.late,
+            # Which chunk ids reached replay, each once: the evidence a fault test checks.
+            "accepted_chunk_ids": id_ranges(self.accepted_chunks),
             "broker_recoveries": acc.broker_recoveries,
             "sync_rule": self.cfg.weights.sync,
             **acc.summary(),
