@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
-from pipeline.roles import TransitionReader
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.pipeline.roles import TransitionReader
 
 log = logging.getLogger(__name__)
 
