@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# `clusterenv train` run by this interpreter, as every benchmark that times whole runs starts it.
+TRAIN = [sys.executable, "-m", "clusterenv.learner.cli", "train"]
 
 
 def machine() -> dict[str, Any]:

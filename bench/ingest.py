@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from bench.common import mark_start, median, table, write_results
+from bench.common import TRAIN, mark_start, median, table, write_results
 from clusterenv.learner.replay import ReplayBuffer
 from clusterenv.pipeline.chunks.stream import StreamReader, check_content, transition_specs
 from clusterenv.pipeline.cluster.embedded import EmbeddedServer
@@ -141,16 +140,7 @@ def parts(chunks: list[dict[bytes, bytes]], run_id: str, rows: int) -> dict[str,
 def train_share(seed: int, extra: list[str]) -> dict[str, Any]:
     """One default `clusterenv train` run; the ingest thread's CPU time over learner wall time."""
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        cmd = [
-            sys.executable,
-            "-m",
-            "clusterenv.learner.cli",
-            "train",
-            "--seed",
-            str(seed),
-            "--run-dir",
-            tmp,
-        ]
+        cmd = [*TRAIN, "--seed", str(seed), "--run-dir", tmp]
         t0 = time.perf_counter()
         subprocess.run([*cmd, *extra], check=True, stdout=subprocess.DEVNULL)
         process_wall = time.perf_counter() - t0

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS_DIR, median, save_figure, table, write_results
+from bench.common import RESULTS_DIR, TRAIN, median, save_figure, table, write_results
 from clusterenv.learner.report import first_solve, load_run
 from clusterenv.pipeline.sync.rules import Aps, parse_sync
 
@@ -50,7 +50,7 @@ def run_one(env: str, rule: str, seed: int, runs_dir: Path) -> dict[str, Any]:
     spec = ENVS[env]
     parent = Path(tempfile.mkdtemp(prefix="sync-", dir=runs_dir))
     cmd = [
-        sys.executable, "-m", "clusterenv.learner.cli", "train", "--env", env, "--seed", str(seed),
+        *TRAIN, "--env", env, "--seed", str(seed),
         "--sync", rule, "--total-steps", str(spec["budget"]), "--target-return", "1e9",
         "--workers", str(WORKERS), "--run-dir", str(parent), *spec["flags"],
     ]  # fmt: skip

@@ -20,7 +20,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import mark_start, median, save_figure, table, write_results
+from bench.common import TRAIN, mark_start, median, save_figure, table, write_results
 
 # RL-Zoo hyperparams/dqn.yml, CartPole-v1 (n_timesteps there is 5e4; the budget here is a flag).
 RL_ZOO_CARTPOLE = {
@@ -84,10 +83,7 @@ def clusterenv_run(
     """
     with tempfile.TemporaryDirectory(prefix="bench-tts-") as tmp:
         cmd = [
-            sys.executable,
-            "-m",
-            "clusterenv.learner.cli",
-            "train",
+            *TRAIN,
             "--seed",
             str(seed),
             "--run-dir",
