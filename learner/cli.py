@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import tyro
 
@@ -59,9 +59,27 @@ def _one_line_parse_errors(event: Any) -> None:
     # Anything else: tyro's own message.
 
 
-def parse(kind: type, argv: list[str], prog: str) -> Any:
+def parse(kind: type, argv: list[str], prog: str, default: Any = None) -> Any:
     with tyro._errors.on_parse_error(_one_line_parse_errors):
-        return tyro.cli(kind, args=argv, prog=prog, config=FLAT)
+        return tyro.cli(kind, args=argv, prog=prog, config=FLAT, default=default)
+
+
+def parse_train(argv: list[str]) -> TrainConfig:
+    """The run's config; with --resume, the resumed run's, where flags not given keep its values
+    and a flag that would change what may not change is refused."""
+    from learner.resume import check_overrides, saved_config
+
+    cfg = parse(TrainConfig, argv, "clusterenv train")
+    if cfg.resume is None:
+        return cfg
+    try:
+        saved = saved_config(Path(cfg.resume))
+        saved.resume = cfg.resume
+        cfg = parse(TrainConfig, argv, "clusterenv train", default=saved)
+        check_overrides(saved, cfg)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return cfg
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
@@ -84,22 +102,20 @@ def train(cfg: TrainConfig) -> int:
             connect(cfg.redis_url).close()
         except RedisUnreachable as exc:
             raise CliError(str(exc)) from None
-    run_id = f"{cfg.env.replace('/', '_')}__s{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-    run_dir = Path(cfg.run_dir) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir, run_id, resumed, lock = _open_run_dir(cfg)
     # SIGTERM and SIGHUP (a closed terminal) take the same clean path as Ctrl-C: workers and
-    # the embedded server are stopped. The server has no parent-death signal of its own. A signal
+    # the embedded server are stopped (after a SIGKILL their parent-death signal does it). A signal
     # the run was started ignoring (`nohup` ignores SIGHUP) stays ignored, as the caller asked.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _raise_keyboard_interrupt)
     try:
-        with Stack(cfg.redis_url, cfg.local_workers(), log_path=run_dir / "workers.log") as stack:
+        with lock, Stack(cfg.redis_url, cfg.local_workers(), run_dir / "workers.log") as stack:
             url = stack.redis_url
             assert url is not None
             _wait_for_workers(connect(url), url)
             print(f"run {run_id}: broker {url}, run dir {run_dir}", file=sys.stderr)
-            result = Trainer(cfg, url, run_dir, run_id).run()
+            result = Trainer(cfg, url, run_dir, run_id, resumed).run()
     except RedisUnreachable as exc:
         raise CliError(str(exc)) from None
     except KeyboardInterrupt:
@@ -115,6 +131,33 @@ def train(cfg: TrainConfig) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _open_run_dir(cfg: TrainConfig) -> tuple[Path, str, Any, IO]:
+    """A new run directory, or the one --resume names with its newest checkpoint; its lock."""
+    from learner.checkpoint import CheckpointError
+    from learner.resume import load_resume, lock_run_dir, next_run_id
+
+    if cfg.resume is None:
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        run_id = f"{cfg.env.replace('/', '_')}__s{cfg.seed}__{stamp}"
+        run_dir = Path(cfg.run_dir) / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir, run_id, None, lock_run_dir(run_dir)
+    run_dir = Path(cfg.resume)
+    try:
+        lock = lock_run_dir(run_dir)
+    except (ValueError, OSError) as exc:
+        raise CliError(str(exc)) from None
+    try:
+        resumed = load_resume(run_dir, cfg)
+    except CheckpointError as exc:
+        lock.close()
+        raise CliError(str(exc)) from None
+    run_id, st = next_run_id(run_dir), resumed.state
+    print(f"resuming from {resumed.checkpoint} ({st['accounting']['env_steps']} env steps, "
+          f"{st['updates']} updates, v{st['policy_version']}) as run {run_id}", file=sys.stderr)  # fmt: skip
+    return run_dir, run_id, resumed, lock
 
 
 def _wait_for_workers(client, url: str, timeout_s: float = 600.0) -> None:
@@ -153,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
     try:
         if command == "train":
-            return train(parse(TrainConfig, rest, "clusterenv train"))
+            return train(parse_train(rest))
         if command == "report":
             return report(parse(ReportArgs, rest, "clusterenv report"))
         if command in ("-h", "--help"):

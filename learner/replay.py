@@ -6,6 +6,9 @@ import threading
 
 import numpy as np
 
+# The stored arrays, in the order `add` takes them.
+FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+
 
 class ReplayBuffer:
     """Uniform replay over (obs, action, reward, next_obs, terminated)."""
@@ -63,6 +66,19 @@ class ReplayBuffer:
                 "next_obs": self.next_obs[idx],
                 "terminated": self.terminated[idx],
             }
+
+    def snapshot(self) -> tuple[dict[str, np.ndarray], int]:
+        """Copies of the stored rows, oldest first, and the insert count (what a checkpoint keeps)."""
+        with self._lock:
+            idx = (self.pos - self.size + np.arange(self.size)) % self.capacity
+            return {name: getattr(self, name)[idx] for name in FIELDS}, self.inserted
+
+    def restore(self, rows: dict[str, np.ndarray], inserted: int) -> None:
+        """Replace the contents with `rows` (a snapshot) and the insert count with `inserted`."""
+        with self._lock:
+            self.pos = self.size = 0
+        self.add(*(rows[name] for name in FIELDS))
+        self.inserted = inserted
 
     def recent_obs(self, count: int) -> np.ndarray:
         """The `count` most recently inserted observations (fewer if replay holds fewer)."""

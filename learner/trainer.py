@@ -5,7 +5,8 @@ turns: take note of arrived chunks and keep the workers busy (dispatch), run up 
 `updates_per_turn` gradient steps the rate limiter allows (publishing a version every
 `publish_every`), and every `eval_every` env steps ask the workers for a greedy evaluation of the
 current weights (learner/evaluation.py), recording each result when it comes back, until a
-result reaches the target return or the budget is spent.
+result reaches the target return or the budget is spent. Every `checkpoint_every_s` seconds (or
+`checkpoint_every_updates`) it writes a checkpoint that `--resume` continues from (learner/state.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from kombu.exceptions import OperationalError
 
 from learner.accounting import RunAccounting
-from learner.checkpoint import save_checkpoint
+from learner.checkpoint import Checkpoints, save_checkpoint
 from learner.config import TrainConfig
 from learner.dqn import DQNLearner
 from learner.envs import env_spaces
@@ -33,6 +34,8 @@ from learner.progress import Progress
 from learner.publisher import Publisher
 from learner.rate_limiter import RateLimiter
 from learner.replay import ReplayBuffer
+from learner.resume import Resumed, record_run_id
+from learner.state import capture, mark_stopped, restore, retire_runs
 from pipeline.chunks.dispatcher import Dispatcher
 from pipeline.chunks.stream import StreamReader, transition_specs
 from pipeline.cluster.celery_client import celery_client
@@ -42,9 +45,6 @@ from pipeline.keys import RunKeys
 from pipeline.sync.source import RedisWeightSource
 
 log = logging.getLogger(__name__)
-
-# Once the run ends, late chunks see `stop` and return at once; the run's keys expire after this.
-RUN_KEYS_EXPIRE_S = 3600
 
 
 class RunFailed(RuntimeError):
@@ -67,7 +67,10 @@ class RunResult:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, redis_url: str, run_dir: Path, run_id: str):
+    def __init__(
+        self, cfg: TrainConfig, redis_url: str, run_dir: Path, run_id: str,
+        resume: Resumed | None = None,
+    ):  # fmt: skip
         self.cfg, self.run_dir, self.run_id = cfg, run_dir, run_id
         obs_space, act_space, threshold = env_spaces(cfg.env, cfg.env_kwargs)
         self.target = cfg.target_return if cfg.target_return is not None else threshold
@@ -129,6 +132,10 @@ class Trainer:
         self.hits, self.solved = 0, False  # consecutive evaluations at the target; solved yet
         self._checked_at = time.monotonic()
         self._chunks_at_eval_request = 0
+        self.checkpoints = Checkpoints(run_dir, cfg.checkpoint)
+        self.wall_before, self.resumed = 0.0, resume  # wall seconds of the learners before
+        if resume is not None:  # stop the dead learners' runs; versions go on above theirs
+            restore(self, resume.tensors, resume.state, retire_runs(self.client, resume.run_ids))
 
     # --- the parts of one turn of the main loop ------------------------------------------------
     def collect(self) -> None:
@@ -160,7 +167,7 @@ class Trainer:
 
     def request_eval(self) -> None:
         """Ask the workers to evaluate the current weights (published first if they are new)."""
-        if self.publisher.updates_at_version[-1] != self.learner.updates:
+        if self.publisher.updates_at_version.get(self.publisher.version) != self.learner.updates:
             self.publish()
         parts = self.cfg.evaluation.parts(self.dispatcher.slots())
         self.evaluation.request(self.publisher.version, self.accounting.env_steps, parts)
@@ -220,6 +227,8 @@ class Trainer:
         self.check_health()
         self.collect()
         trained = self.train()
+        if self.checkpoints.due(self.learner.updates):
+            self.checkpoint()
         out_of_work = self._finished_collecting() and not trained
         self.schedule_eval(out_of_work)
         self.record_evals()
@@ -236,14 +245,19 @@ class Trainer:
             time.sleep(0.002)
         return True
 
+    def checkpoint(self) -> Path:
+        wall = time.perf_counter() - self.t0
+        return self.checkpoints.save(*capture(self, wall), self.learner.updates)
+
     # --- the run ---------------------------------------------------------------------------------
     def run(self) -> RunResult:
         """Train until solved or out of budget. KeyboardInterrupt (also SIGTERM/SIGHUP via the CLI)
         and RunFailed still write the summary and the final checkpoint before they propagate."""
         cfg = self.cfg
         (self.run_dir / "config.json").write_text(cfg.to_json())
-        self.publish()  # version 0: workers act with the untrained network
-        self.t0 = time.perf_counter()
+        record_run_id(self.run_dir, self.run_id)
+        self.publish()  # the first version: workers act with the untrained (or resumed) network
+        self.t0 = time.perf_counter() - self.wall_before
         self.ingest.start()
         self.progress = Progress(cfg.total_steps, cfg.status_every_s)
         interrupted, failure = False, None
@@ -278,11 +292,7 @@ class Trainer:
         on a broker known to be gone (its clients would retry for half a minute), only the last."""
         if not broker_gone:
             try:
-                pipe = self.client.pipeline(transaction=False)
-                pipe.set(self.keys.stop, 1, ex=RUN_KEYS_EXPIRE_S)
-                for key in (self.keys.stream, self.keys.actor_counter, self.keys.weights_latest):
-                    pipe.expire(key, RUN_KEYS_EXPIRE_S)
-                pipe.execute()
+                mark_stopped(self.client, self.keys)
             except redis.RedisError as exc:  # a broker that is gone keeps nothing to clean up
                 log.warning("could not mark the run stopped on the broker: %s", exc)
         self.ingest.stop()
@@ -324,8 +334,10 @@ class Trainer:
         meta = {"run_id": self.run_id, "env": self.cfg.env, "env_steps": str(acc.env_steps),
                 "updates": str(self.learner.updates), "policy_version": str(self.publisher.version)}  # fmt: skip
         save_checkpoint(self.run_dir, "final", self.learner.state_tensors(), meta)
+        self.checkpoint()  # an interrupted or failed run resumes from where it stopped
         summary = {
             "run_id": self.run_id,
+            "resumed_from": str(self.resumed.checkpoint) if self.resumed is not None else None,
             "solved": solved,
             "interrupted": interrupted,
             "failed": str(failure) if failure is not None else None,
