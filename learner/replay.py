@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 
-# The stored arrays, in the order `add` takes them.
+# The stored arrays, named as `add` and `sample` name them.
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 
 
@@ -67,18 +67,22 @@ class ReplayBuffer:
                 "terminated": self.terminated[idx],
             }
 
-    def snapshot(self) -> tuple[dict[str, np.ndarray], int]:
-        """Copies of the stored rows, oldest first, and the insert count (what a checkpoint keeps)."""
+    def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        """Copies of the stored rows where they sit in the ring, and the ring's counters (what a
+        checkpoint keeps: a restored buffer samples the same rows for the same generator state)."""
         with self._lock:
-            idx = (self.pos - self.size + np.arange(self.size)) % self.capacity
-            return {name: getattr(self, name)[idx] for name in FIELDS}, self.inserted
+            rows = {name: getattr(self, name)[: self.size].copy() for name in FIELDS}
+            return rows, {"pos": self.pos, "size": self.size, "inserted": self.inserted}
 
-    def restore(self, rows: dict[str, np.ndarray], inserted: int) -> None:
-        """Replace the contents with `rows` (a snapshot) and the insert count with `inserted`."""
+    def restore(self, rows: dict[str, np.ndarray], counters: dict[str, int]) -> None:
+        """Take back what `snapshot` returned."""
+        size = counters["size"]
+        if size > self.capacity or any(len(rows[name]) != size for name in FIELDS):
+            raise ValueError(f"replay rows do not fit a buffer of {self.capacity}")
         with self._lock:
-            self.pos = self.size = 0
-        self.add(*(rows[name] for name in FIELDS))
-        self.inserted = inserted
+            for name in FIELDS:
+                getattr(self, name)[:size] = rows[name]
+            self.pos, self.size, self.inserted = counters["pos"], size, counters["inserted"]
 
     def recent_obs(self, count: int) -> np.ndarray:
         """The `count` most recently inserted observations (fewer if replay holds fewer)."""

@@ -82,9 +82,8 @@ def capture(t: Trainer, wall_s: float) -> tuple[dict[str, torch.Tensor], dict[st
     tensors.update({f"accounting.{k}": torch.from_numpy(v) for k, v in acc_arrays.items()})
     replay = None
     if t.cfg.checkpoint.checkpoint_replay:
-        rows, inserted = t.replay.snapshot()
+        rows, replay = t.replay.snapshot()
         tensors.update({f"replay.{k}": torch.from_numpy(v) for k, v in rows.items()})
-        replay = {"inserted": inserted}
     # An evaluation still in flight dies with this learner's run id: ask for it again on resume.
     pending = t.evaluation.pending is not None
     loss = t.learner.last_loss
@@ -151,7 +150,7 @@ def restore(
     vars(t.reader_stats).update(state["ingest"])
     if state["replay"] is not None:
         rows = {k: v.numpy() for k, v in _prefixed(tensors, "replay.").items()}
-        t.replay.restore(rows, state["replay"]["inserted"])
+        t.replay.restore(rows, state["replay"])
         t.limiter.inserts, t.limiter.samples = (
             state["replay"]["inserted"],
             state["limiter"]["samples"],

@@ -147,3 +147,21 @@ class FakeActor:
 
     def close(self) -> None:
         self.closed += 1
+
+
+class FakeWeightSource:
+    """A WeightSource that keeps the versions it was given in memory (the learner's Publisher)."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.reference: np.ndarray | None = None
+        self.published: dict[int, dict[str, np.ndarray]] = {}
+
+    def publish_reference(self, states: np.ndarray) -> int:
+        self.reference = np.array(states)
+        return 0
+
+    def publish(self, tensors: Mapping[str, np.ndarray], probe_q: np.ndarray | None = None) -> int:
+        self.version += 1
+        self.published[self.version] = {k: np.array(v) for k, v in tensors.items()}
+        return self.version
