@@ -7,7 +7,7 @@ which turns a chunk's behaviour version into a lag in gradient steps.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -24,8 +24,10 @@ class Publisher:
         replay: ReplayBuffer,
         cfg: WeightSyncConfig,
         rng: np.random.Generator,
+        on_version: Callable[[int], None] = lambda version: None,
     ):
         self.source, self.replay, self.cfg, self.rng = source, replay, cfg, rng
+        self.on_version = on_version  # told each version number before it is published
         self.updates_at_version: dict[int, int] = {}  # a resumed run's versions start above 0
 
     @property
@@ -47,6 +49,7 @@ class Publisher:
                 self.source.publish_reference(recent[pick].reshape(size, -1).astype(np.float32))
             probe = NumpyMLP(weights)(self.source.reference)
         self.updates_at_version[self.version + 1] = updates  # before any chunk can carry it
+        self.on_version(self.version + 1)
         return self.source.publish(weights, probe)
 
     def lag(self, behaviour_version: int, updates: int) -> tuple[int, int]:

@@ -11,6 +11,7 @@ be mistaken for the resumed run's; the dead learner's run is marked stopped on t
 from __future__ import annotations
 
 import fcntl
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -22,6 +23,7 @@ from learner.config import TrainConfig
 
 CONFIG_FILE = "config.json"
 RUN_IDS_FILE = "run_ids"
+VERSION_FILE = "policy_version"  # the newest weight version any learner of the run published
 LOCK_FILE = ".lock"
 # Settings a resumed run may change: where it runs, how long, how it reports and checkpoints.
 # Anything else would make the resumed run a different experiment from the one it continues.
@@ -40,6 +42,7 @@ class Resumed:
     tensors: dict[str, torch.Tensor]
     state: dict[str, Any]
     run_ids: list[str]
+    newest_version: int
 
 
 def saved_config(run_dir: Path) -> TrainConfig:
@@ -88,6 +91,21 @@ def record_run_id(run_dir: Path, run_id: str) -> None:
     (run_dir / RUN_IDS_FILE).write_text("".join(f"{i}\n" for i in [*ids, run_id]))
 
 
+def record_version(run_dir: Path, version: int) -> None:
+    """Note `version` as published, before it is: a resumed learner continues above it, since
+    workers may still hold a version its checkpoint never saw."""
+    tmp = run_dir / f"{VERSION_FILE}.tmp"
+    tmp.write_text(f"{version}\n")
+    os.replace(tmp, run_dir / VERSION_FILE)  # a learner killed mid-write leaves the old number
+
+
+def published_version(run_dir: Path) -> int:
+    try:
+        return int((run_dir / VERSION_FILE).read_text())
+    except (OSError, ValueError):
+        return -1
+
+
 def lock_run_dir(run_dir: Path) -> IO:
     """An exclusive lock on `run_dir`, held while the returned file stays open (the OS drops it
     when the learner dies, even of SIGKILL); ValueError if another learner holds it."""
@@ -103,4 +121,4 @@ def lock_run_dir(run_dir: Path) -> IO:
 def load_resume(run_dir: Path, cfg: TrainConfig) -> Resumed:
     """The newest usable checkpoint of `run_dir` (CheckpointError if there is none)."""
     path, tensors, state = Checkpoints(run_dir, cfg.checkpoint).newest()
-    return Resumed(path, tensors, state, run_ids(run_dir))
+    return Resumed(path, tensors, state, run_ids(run_dir), published_version(run_dir))

@@ -12,6 +12,8 @@ learner's run id on the broker and starts afresh under the resumed learner's new
 from __future__ import annotations
 
 import math
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -20,6 +22,7 @@ import torch
 from pipeline.keys import RunKeys
 
 if TYPE_CHECKING:
+    from learner.resume import Resumed
     from learner.trainer import Trainer
 
 # Once a run ends, late chunks see `stop` and return at once; the run's keys expire after this.
@@ -34,19 +37,6 @@ def mark_stopped(client: redis.Redis, keys: RunKeys) -> None:
     for key in (keys.stream, keys.actor_counter, keys.weights_latest):
         pipe.expire(key, RUN_KEYS_EXPIRE_S)
     pipe.execute()
-
-
-def retire_runs(client: redis.Redis, run_ids: list[str]) -> int:
-    """Stop the runs of learners that died in this run directory; the newest weight version any
-    of them published that the broker still knows (-1 if none)."""
-    newest = -1
-    for run_id in run_ids:
-        keys = RunKeys(run_id)
-        latest = client.get(keys.weights_latest)
-        if latest is not None:
-            newest = max(newest, int(latest))
-        mark_stopped(client, keys)
-    return newest
 
 
 def optimizer_state(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
@@ -118,6 +108,18 @@ def capture(t: Trainer, wall_s: float) -> tuple[dict[str, torch.Tensor], dict[st
     return tensors, state
 
 
+def checkpoint(t: Trainer) -> Path:
+    """Write a periodic checkpoint of the trainer now."""
+    return t.checkpoints.save(*capture(t, time.perf_counter() - t.t0), t.learner.updates)
+
+
+def resume_run(t: Trainer, resumed: Resumed) -> None:
+    """Continue from `resumed` in a fresh trainer; the runs of the learners before are stopped."""
+    restore(t, resumed.tensors, resumed.state, resumed.newest_version)
+    for run_id in resumed.run_ids:
+        mark_stopped(t.client, RunKeys(run_id))
+
+
 def _prefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
@@ -126,7 +128,7 @@ def restore(
     t: Trainer, tensors: dict[str, torch.Tensor], state: dict[str, Any], newest_version: int
 ) -> None:
     """Put a checkpoint back into a fresh trainer. Versions continue above both the checkpoint's
-    and `newest_version` (what a dead learner published after it): none is ever reused."""
+    and `newest_version` (the newest any learner of the run published): none is ever reused."""
     learner = t.learner
     learner.q.load_state_dict(_prefixed(tensors, "q."))
     learner.target.load_state_dict(_prefixed(tensors, "target."))

