@@ -343,6 +343,7 @@ class Trainer:
             "wall_s": round(wall, 3),
             "policy_versions": self.publisher.version + 1,
             "ingest": vars(self.reader_stats),
+            "ingest_retries": self.ingest.retried,
             "ingest_cpu_fraction": round(self.ingest.cpu_s / max(wall, 1e-9), 4),
             "lost_chunks": self.dispatcher.lost,
             "broker_recoveries": acc.broker_recoveries,

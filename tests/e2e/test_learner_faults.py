@@ -1,4 +1,5 @@
-"""A learner killed with SIGKILL: nothing of its stack survives it, and `--resume` finishes its run."""
+"""Learner faults: killed with SIGKILL (nothing of its stack survives it, and `--resume` finishes
+its run), and an ingest that keeps failing (retried, then the run ends with one line)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,19 @@ import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
 from learner.checkpoint import Checkpoints
 from learner.config import CheckpointConfig
 from learner.metrics import read_metrics
 from learner.resume import published_version
+from pipeline.keys import RunKeys
 from tests.e2e.test_train_cli import (
     CLI,
     Tree,
     assert_no_survivors,
     only_run_dir,
+    run_with_broker_fault,
     start_cli,
     wait_for_rows,
     wait_watching,
@@ -124,3 +128,31 @@ def test_resume_refuses_a_changed_setting_and_a_directory_without_checkpoints(tm
     out = subprocess.run(CLI + ["train", "--resume", str(tmp_path / "nowhere")],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 2 and "is not a run directory" in out.stderr
+
+
+@pytest.mark.slow
+def test_an_ingest_that_keeps_failing_is_retried_then_ends_the_run_with_one_line(tmp_path):
+    def break_the_stream(server) -> None:
+        # The run's stream becomes a string: every read of it fails (WRONGTYPE), and no client
+        # retry or reconnect can mend that; only the ingest thread's own retries apply.
+        keys = RunKeys(only_run_dir(tmp_path).name)
+        with redis.Redis.from_url(server.url) as client:
+            pipe = client.pipeline(transaction=True)
+            pipe.delete(keys.stream)
+            pipe.set(keys.stream, "not a stream")
+            pipe.execute()
+
+    mark = uuid.uuid4().hex
+    t0 = time.monotonic()
+    proc, tree, err = run_with_broker_fault(
+        tmp_path, ["--total-steps", "1000000", "--eval-every", "1000"], break_the_stream, mark
+    )
+    assert proc.returncode == 1, err
+    lines = [line for line in err.splitlines() if "run failed" in line]
+    assert len(lines) == 1 and "ingest failed: ResponseError: WRONGTYPE" in lines[0], err
+    assert "Traceback" not in err
+    assert err.count("retry ") == 6  # the thread's retries, logged, before it gave up
+    summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    assert "ingest failed" in summary["failed"] and summary["ingest_retries"] == 6
+    assert time.monotonic() - t0 < 240
+    assert_no_survivors(mark, tree)
