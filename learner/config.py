@@ -180,8 +180,8 @@ class TrainConfig:
     run_dir: str = "runs"
     """parent folder of the run directory"""
     resume: str | None = None
-    """continue the run in this run directory from its newest checkpoint (its config.json; only
-    --total-steps, --redis-url, --workers and the checkpoint, status and timeout flags may change)"""
+    """continue the run in this run directory from its newest checkpoint, with its config.json (a
+    flag that would change the experiment is refused; docs/reliability.md lists those that may)"""
     status_every_s: float = 30.0
     """without a terminal, seconds between status lines on stderr (steps/s, eval, version, fetches)"""
     # One thread: with two, torch's intra-op threads spin against the workers and any other

@@ -35,6 +35,8 @@ def _die_with_parent() -> None:
     the children first. SIGKILL, not SIGTERM: a worker's warm shutdown waits for its chunk, whose
     Redis client then retries the vanished embedded server for half a minute, for a learner that
     is gone anyway (its chunk, acked late, is redelivered on a broker that outlives it).
+    The kernel sends it when the *thread* that started the child ends: stacks are started from
+    the main thread (the CLI, the test fixtures).
     """
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
