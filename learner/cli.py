@@ -10,11 +10,14 @@ import uuid
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import tyro
 
 from learner.config import TrainConfig
+
+if TYPE_CHECKING:
+    from learner.resume import Resumed
 
 WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A tasks worker --loglevel=INFO"
 USAGE = """usage: clusterenv {train,report} [--help] | --version
@@ -133,7 +136,7 @@ def train(cfg: TrainConfig) -> int:
     return 0
 
 
-def _open_run_dir(cfg: TrainConfig) -> tuple[Path, str, Any, IO]:
+def _open_run_dir(cfg: TrainConfig) -> tuple[Path, str, Resumed | None, IO]:
     """A new run directory, or the one --resume names with its newest checkpoint; its lock."""
     from learner.checkpoint import CheckpointError
     from learner.resume import load_resume, lock_run_dir, next_run_id

@@ -102,7 +102,7 @@ def capture(t: Trainer, wall_s: float) -> tuple[dict[str, torch.Tensor], dict[st
             **vars(t.reader_stats),
             "rejected_reasons": dict(t.reader_stats.rejected_reasons),
         },
-        "limiter": {"samples": t.limiter.samples},
+        "limiter": {"inserts": t.limiter.inserts, "samples": t.limiter.samples},
         "replay": replay,
     }
     return tensors, state
@@ -153,9 +153,9 @@ def restore(
     if state["replay"] is not None:
         rows = {k: v.numpy() for k, v in _prefixed(tensors, "replay.").items()}
         t.replay.restore(rows, state["replay"])
-        t.limiter.inserts, t.limiter.samples = (
-            state["replay"]["inserted"],
-            state["limiter"]["samples"],
-        )
+        # Replay's own count, taken with its rows: the ingest thread may have counted a chunk in
+        # the limiter but not yet in replay when the checkpoint was taken.
+        t.limiter.inserts = state["replay"]["inserted"]
+        t.limiter.samples = state["limiter"]["samples"]
     # Without replay the limiter starts afresh too: no update until --learning-starts rows arrived.
     t.wall_before = state["wall_s"]
