@@ -86,7 +86,7 @@ def capture(t: Trainer, wall_s: float) -> tuple[dict[str, torch.Tensor], dict[st
         "rng": {
             "learner": t.learner.rng.bit_generator.state,
             "publisher": t.publisher.rng.bit_generator.state,
-        },  # fmt: skip
+        },
         "policy_version": t.publisher.version,
         "dispatch": {"next_chunk": t.dispatcher.next_id, "lost": t.dispatcher.lost},
         "evaluation": {
@@ -96,7 +96,7 @@ def capture(t: Trainer, wall_s: float) -> tuple[dict[str, torch.Tensor], dict[st
             "asked_at": -1 if pending else t.asked_at,
             "evals": t.evals,
             "hits": t.hits,
-        },  # fmt: skip
+        },
         "accounting": acc_counters,
         "ingest": {
             **vars(t.reader_stats),
