@@ -1,8 +1,10 @@
-"""`clusterenv` command line: `train` (flags derived from TrainConfig by tyro) and `report`."""
+"""`clusterenv` command line: `train` (flags derived from TrainConfig by tyro), `eval`, `report`,
+`status`."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -10,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import tyro
 
@@ -20,10 +22,12 @@ if TYPE_CHECKING:
     from learner.resume import Resumed
 
 WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A tasks worker --loglevel=INFO"
-USAGE = """usage: clusterenv {train,report} [--help] | --version
+USAGE = """usage: clusterenv {train,eval,report,status} [--help] | --version
 
   train    train Double DQN (embedded server and local workers unless --redis-url)
+  eval     greedy return of a checkpoint or run directory, mean ± std over episodes; MP4s
   report   plots and a table from one or more run directories
+  status   the progress of the runs on a broker, as their learners last wrote it
 """
 # Nested configs give flat flags (`--lr`, not `--dqn.lr`).
 FLAT = (tyro.conf.OmitArgPrefixes,)
@@ -41,8 +45,41 @@ class ReportArgs:
     """run directories written by `clusterenv train`"""
     out: Path = Path("report")
     """output folder"""
-    target: float | None = None
-    """return that counts as solved in the steps-to-target column; unset: each run's own target"""
+    target: Annotated[
+        float | None, tyro.conf.arg(help_behavior_hint="(default: each run's own target)")
+    ] = None
+    """return that counts as solved in the steps-to-target column"""
+
+
+@dataclass
+class EvalArgs:
+    """Greedy return of a saved Q-network, mean ± std over episodes run on this machine.
+
+    The env is the run's (its config.json). MP4s with --video need `pip install 'clusterenv[video]'`.
+    """
+
+    checkpoint: tyro.conf.Positional[Path]
+    """a .safetensors checkpoint, or a run directory (its final.safetensors, else the newest in checkpoints/)"""
+    episodes: int = 10
+    """greedy episodes to run"""
+    seed: int = 0
+    """episode i is reset with seed + i"""
+    video: Annotated[Path | None, tyro.conf.arg(help_behavior_hint="(default: no video)")] = None
+    """folder for one MP4 per episode (gymnasium's RecordVideo; the env needs an rgb_array render mode)"""
+
+
+@dataclass
+class StatusArgs:
+    """The progress of every run on a broker (steps, steps/s, eval, version, state), as each
+    learner wrote it in the last few seconds."""
+
+    redis_url: Annotated[
+        str | None,
+        tyro.conf.arg(help_behavior_hint="(default: $CLUSTERENV_REDIS_URL, else the local one)"),
+    ] = None
+    """the broker the runs use (an embedded run prints its URL when it starts)"""
+    json: bool = False
+    """print the statuses as one JSON list instead of a line per run"""
 
 
 def _one_line_parse_errors(event: Any) -> None:
@@ -68,14 +105,16 @@ def parse(kind: type, argv: list[str], prog: str, default: Any = None) -> Any:
 
 
 def parse_train(argv: list[str]) -> TrainConfig:
-    """The run's config; with --resume, the resumed run's, where flags not given keep its values
-    and a flag that would change what may not change is refused."""
+    """The run's config: flags on top of the env's preset (learner/presets.toml) or the plain
+    defaults; with --resume, on top of the resumed run's config, where flags not given keep its
+    values and a flag that would change what may not change is refused."""
+    from learner.presets import defaults_for, preset_choice
     from learner.resume import check_overrides, saved_config
 
-    cfg = parse(TrainConfig, argv, "clusterenv train")
-    if cfg.resume is None:
-        return cfg
     try:
+        cfg = parse(TrainConfig, argv, "clusterenv train", defaults_for(*preset_choice(argv)))
+        if cfg.resume is None:
+            return cfg
         saved = saved_config(Path(cfg.resume))
         saved.resume = cfg.resume
         cfg = parse(TrainConfig, argv, "clusterenv train", default=saved)
@@ -92,7 +131,7 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 def train(cfg: TrainConfig) -> int:
     from learner.envs import env_spaces
     from learner.trainer import RunFailed, Trainer
-    from pipeline.cluster.embedded import Stack
+    from pipeline.cluster.embedded import Stack, WorkersDidNotStart
     from pipeline.connect import RedisUnreachable, connect
 
     try:
@@ -126,6 +165,9 @@ def train(cfg: TrainConfig) -> int:
         return 130
     except RunFailed as exc:
         print(f"clusterenv: run failed: {exc}; partial run in {run_dir}", file=sys.stderr)
+        return 1
+    except WorkersDidNotStart as exc:
+        print(f"clusterenv: error: {exc}", file=sys.stderr)
         return 1
     status = "solved" if result.solved else "budget spent"
     print(
@@ -193,6 +235,42 @@ def report(args: ReportArgs) -> int:
     return 0
 
 
+def evaluate(args: EvalArgs) -> int:
+    from learner.eval_checkpoint import evaluate_checkpoint
+
+    try:
+        print(evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, args.video))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return 0
+
+
+def status(args: StatusArgs) -> int:
+    import json
+
+    import redis
+
+    from learner.status import read_statuses, status_line
+    from pipeline.connect import RedisUnreachable, connect
+
+    url = args.redis_url or os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        statuses = read_statuses(connect(url))
+    except RedisUnreachable as exc:
+        raise CliError(str(exc)) from None
+    except redis.RedisError as exc:  # reachable, but refuses (a password, say)
+        raise CliError(f"{url}: {exc}") from None
+    if args.json:
+        print(json.dumps(statuses))
+        return 0
+    if not statuses:
+        print(f"no run status on {url}", file=sys.stderr)
+    now = time.time()
+    for one in statuses:
+        print(status_line(one, now))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -200,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if command == "train":
             return train(parse_train(rest))
+        if command == "eval":
+            return evaluate(parse(EvalArgs, rest, "clusterenv eval"))
+        if command == "status":
+            return status(parse(StatusArgs, rest, "clusterenv status"))
         if command == "report":
             return report(parse(ReportArgs, rest, "clusterenv report"))
         if command in ("-h", "--help"):
@@ -209,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"clusterenv {version('clusterenv')}")
             return 0
         raise CliError(
-            f"unknown command {command!r}; choose train or report"
+            f"unknown command {command!r}; choose train, eval, report or status"
             if command
             else "no command given"
         )

@@ -13,6 +13,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Annotated, Any
 
+from tyro.conf import arg
 from tyro.constructors import PrimitiveConstructorSpec
 
 from pipeline.chunks.dispatcher import DispatchConfig
@@ -165,18 +166,28 @@ class TrainConfig:
 
     env: str = "CartPole-v1"
     """Gymnasium env id (Discrete actions, Box observations)"""
+    preset: bool = True
+    """start from the env's entry in learner/presets.toml when it has one (flags override it);
+    --no-preset: the plain defaults below"""
     env_kwargs: JsonObject = field(default_factory=dict)
     """keyword arguments for gymnasium.make as a JSON object, e.g. '{"g": 9.8}'"""
     seed: int = 1
     """seed for the learner, the workers' envs and exploration"""
     total_steps: int = 100_000
     """env-step budget; the run stops when it is spent"""
-    target_return: float | None = None
-    """stop once the greedy eval mean reaches this; unset: the env's reward_threshold"""
-    redis_url: str | None = None
-    """Redis broker shared with the workers; unset: start an embedded server"""
-    workers: int | None = None
-    """local worker processes to start; unset: one per core without --redis-url, 0 with it"""
+    # An unset setting's help names what it means, once (tyro would add "(default: None)").
+    target_return: Annotated[
+        float | None, arg(help_behavior_hint="(default: the env's reward_threshold)")
+    ] = None
+    """stop once the greedy eval mean reaches this"""
+    redis_url: Annotated[
+        str | None, arg(help_behavior_hint="(default: start an embedded server)")
+    ] = None
+    """Redis broker shared with the workers"""
+    workers: Annotated[
+        int | None, arg(help_behavior_hint="(default: one per core without --redis-url, 0 with it)")
+    ] = None
+    """local worker processes to start"""
     run_dir: str = "runs"
     """parent folder of the run directory"""
     resume: str | None = None
@@ -206,7 +217,8 @@ class TrainConfig:
             (self.evaluation, "eval_episodes"), (self.weights, "reference_size"),
             (self.weights, "reference_every"), (self.weights, "weight_ttl_s"),
             (self.weights, "weights_kept"), (self.replay, "updates_per_turn"),
-            (self.dispatch, "chunks_per_process"), (self.dispatch, "lost_after_s"),
+            (self.dispatch, "tasks_per_process"), (self.dispatch, "chunks_per_task"),
+            (self.dispatch, "lost_after_s"),
             (self.evaluation, "eval_timeout_s"), (self.evaluation, "solve_evals"),
             (self, "status_every_s"), (self.checkpoint, "checkpoints_kept"),
         ]  # fmt: skip

@@ -23,7 +23,7 @@ import redis
 import torch
 from kombu.exceptions import OperationalError
 
-from learner.accounting import RunAccounting
+from learner.accounting import RunAccounting, id_ranges
 from learner.checkpoint import Checkpoints, save_checkpoint
 from learner.config import TrainConfig
 from learner.dqn import DQNLearner
@@ -37,6 +37,7 @@ from learner.rate_limiter import RateLimiter
 from learner.replay import ReplayBuffer
 from learner.resume import Resumed, record_run_id, record_version
 from learner.state import checkpoint, mark_stopped, resume_run
+from learner.status import RunStatus
 from pipeline.chunks.dispatcher import Dispatcher
 from pipeline.chunks.stream import StreamReader, transition_specs
 from pipeline.cluster.celery_client import celery_client
@@ -101,7 +102,7 @@ class Trainer:
             connect(redis_url, blocking=True), self.keys,
             transition_specs(obs_space.dtype, obs_space.shape), num_actions,
         )  # fmt: skip
-        self.reader_stats = reader.stats
+        self.reader_stats, self.accepted_chunks = reader.stats, reader.seen
         self.ingest = Ingest(
             reader, self.replay, self.limiter,
             lambda version: self.publisher.lag(version, self.learner.updates),
@@ -126,6 +127,7 @@ class Trainer:
         )  # fmt: skip
         self.accounting = RunAccounting()
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
+        self.status = RunStatus(self.client, self.keys, cfg.env)  # for `clusterenv status`
         # --- the run's progress: evaluations asked for and their results ---
         self.next_eval, self.asked_at = cfg.evaluation.eval_every, -1  # env steps
         self.evals: list[tuple[int, float]] = []  # (env steps, mean return) per evaluation
@@ -151,7 +153,7 @@ class Trainer:
     def _may_send(self, pending: int) -> bool:
         if self.accounting.env_steps + pending >= self.cfg.total_steps:
             return False
-        return self.limiter.can_insert(self.dispatcher.chunk_env_steps, pending)
+        return self.limiter.can_insert(self.dispatcher.task_env_steps, pending)
 
     def train(self) -> int:
         """Up to `updates_per_turn` gradient steps, as far as the rate limiter allows."""
@@ -255,7 +257,7 @@ class Trainer:
         self.publish()  # the first version: workers act with the untrained (or resumed) network
         self.t0 = time.perf_counter() - self.wall_before
         self.ingest.start()
-        self.progress = Progress(cfg.total_steps, cfg.status_every_s)
+        self.progress = Progress(cfg.total_steps, cfg.status_every_s, self.status)
         interrupted, failure = False, None
         try:
             while self.turn():
@@ -346,10 +348,15 @@ class Trainer:
             "ingest_retries": self.ingest.retried,
             "ingest_cpu_fraction": round(self.ingest.cpu_s / max(wall, 1e-9), 4),
             "lost_chunks": self.dispatcher.lost,
+            "late_chunks": self.dispatcher.late,
+            # Which chunk ids reached replay, each once: the evidence a fault test checks.
+            "accepted_chunk_ids": id_ranges(self.accepted_chunks),
             "broker_recoveries": acc.broker_recoveries,
             "sync_rule": self.cfg.weights.sync,
             **acc.summary(),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if failure is None or not failure.broker_gone:
+            self.status.finish(summary)
         self.metrics.close()
         self.celery.close()

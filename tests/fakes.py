@@ -105,6 +105,7 @@ class FakeWeightClient:
         self.version: int | None = version
         self.steps_since_fetch = 0
         self.own_version_stored = True
+        self.run_stopped = False
         self.last_divergence: float | None = None
         self._divergence = divergence
         self.syncs: list[float] = []  # the epsilon of each sync call

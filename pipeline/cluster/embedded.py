@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -26,6 +27,10 @@ from pipeline.cluster.registry import WorkerRegistry
 from pipeline.connect import connect
 
 _PR_SET_PDEATHSIG = 1
+
+
+class WorkersDidNotStart(RuntimeError):
+    """Local workers exited or never reported; the message is one line and names the log."""
 
 
 def _die_with_parent() -> None:
@@ -43,12 +48,19 @@ def _die_with_parent() -> None:
 
 
 class LocalWorkers:
-    """N `celery -A tasks worker --pool solo` processes on this machine."""
+    """N `celery -A tasks worker --pool solo` processes on this machine; `launcher` is put before
+    each command (e.g. `ip netns exec NS`, to run it in another network namespace)."""
 
     def __init__(
-        self, redis_url: str, count: int, log_path: Path | None = None, queue: str | None = None
+        self,
+        redis_url: str,
+        count: int,
+        log_path: Path | None = None,
+        queue: str | None = None,
+        launcher: Sequence[str] = (),
     ):
         self.redis_url, self.count, self.log_path, self.queue = redis_url, count, log_path, queue
+        self.launcher = list(launcher)
         self.procs: list[subprocess.Popen] = []
         self.tag = uuid.uuid4().hex[:6]
 
@@ -57,7 +69,7 @@ class LocalWorkers:
 
     def _spawn(self, i: int, env: dict[str, str], log) -> subprocess.Popen:
         cmd = [
-            sys.executable, "-m", "celery", "-A", "tasks", "worker",
+            *self.launcher, sys.executable, "-m", "celery", "-A", "tasks", "worker",
             "--pool", "solo", "--loglevel", "INFO",
             "--hostname", f"local{i}-{self.tag}@%h",
         ]  # fmt: skip
@@ -76,18 +88,34 @@ class LocalWorkers:
                 self.procs.append(self._spawn(len(self.procs), env, log))
 
     def wait_ready(self, client: redis.Redis, expected: int, timeout_s: float = 60.0) -> None:
+        """Until `expected` worker processes report; WorkersDidNotStart if one exits or time is up."""
         deadline = time.monotonic() + timeout_s
         registry = WorkerRegistry(client)
         while registry.alive_processes() < expected:
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
-                raise RuntimeError(
-                    f"celery worker exited with code {dead[0].returncode}"
-                    + (f"; see {self.log_path}" if self.log_path else "")
+                raise WorkersDidNotStart(
+                    f"a local celery worker exited with code {dead[0].returncode}{self._log_hint()}"
                 )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{expected} workers did not report within {timeout_s:.0f} s")
+                raise WorkersDidNotStart(
+                    f"{expected} local worker processes did not report within {timeout_s:.0f} s"
+                    + self._log_hint()
+                )
             time.sleep(0.1)
+
+    def _log_hint(self) -> str:
+        """The log's last line (usually the error that stopped the worker) and where the log is."""
+        if self.log_path is None:
+            return ""
+        try:
+            lines = [
+                ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()
+            ]
+        except OSError:
+            lines = []
+        last = f" ({lines[-1].strip()[:200]})" if lines else ""
+        return f"{last}; see {self.log_path}"
 
     @property
     def pids(self) -> list[int]:
