@@ -72,7 +72,7 @@ def train(cfg: TrainConfig) -> int:
     from learner.envs import env_spaces
     from learner.trainer import RunFailed, Trainer
     from pipeline.cluster.embedded import Stack
-    from pipeline.connect import RedisUnreachable, connect
+    from pipeline.connect import RedisUnreachable, connect, redact
 
     try:
         cfg.validate()
@@ -98,7 +98,7 @@ def train(cfg: TrainConfig) -> int:
             url = stack.redis_url
             assert url is not None
             _wait_for_workers(connect(url), url)
-            print(f"run {run_id}: broker {url}, run dir {run_dir}", file=sys.stderr)
+            print(f"run {run_id}: broker {redact(url)}, run dir {run_dir}", file=sys.stderr)
             result = Trainer(cfg, url, run_dir, run_id).run()
     except RedisUnreachable as exc:
         raise CliError(str(exc)) from None
@@ -119,7 +119,9 @@ def train(cfg: TrainConfig) -> int:
 
 def _wait_for_workers(client, url: str, timeout_s: float = 600.0) -> None:
     from pipeline.cluster.registry import WorkerRegistry
+    from pipeline.connect import redact
 
+    url = redact(url)  # the hint shows where the password goes, never the password
     registry = WorkerRegistry(client)
     if registry.alive_processes() > 0:
         return

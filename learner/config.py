@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from tyro.constructors import PrimitiveConstructorSpec
 
 from pipeline.chunks.dispatcher import DispatchConfig
+from pipeline.connect import redact
 from pipeline.sync.rules import DEFAULT_SYNC, parse_sync
 
 
@@ -160,7 +161,8 @@ class TrainConfig:
     target_return: float | None = None
     """stop once the greedy eval mean reaches this; unset: the env's reward_threshold"""
     redis_url: str | None = None
-    """Redis broker shared with the workers; unset: start an embedded server"""
+    """Redis broker shared with the workers (a password, ACL user and TLS options go in the URL:
+    docs/operations.md); unset: start an embedded server"""
     workers: int | None = None
     """local worker processes to start; unset: one per core without --redis-url, 0 with it"""
     run_dir: str = "runs"
@@ -226,4 +228,8 @@ class TrainConfig:
         return 0 if self.redis_url else (os.cpu_count() or 1)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        """The config as written to config.json; a password in the Redis URL is not."""
+        tree = asdict(self)
+        if self.redis_url is not None:
+            tree["redis_url"] = redact(self.redis_url)
+        return json.dumps(tree, indent=2)

@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.cluster.celery_client import celery_client
 from pipeline.cluster.heartbeat import Heartbeat
 from pipeline.cluster.registry import WorkerRegistry
-from pipeline.connect import connect
+from pipeline.connect import connect, redact
 from pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
 from pipeline.remote_env.messages import (
     CLOSE,
@@ -184,7 +184,7 @@ class ShardGroup:
         return (
             f"{len(refs)} shard(s) of {self.env_id!r} (envs {envs}) were not started by any worker "
             f"within {self.placement_timeout_s:.0f} s; {alive} idle worker process(es) on "
-            f"{self.redis_url}. A shard holds one worker process while its env is open: start "
+            f"{redact(self.redis_url)}. A shard holds one worker process while its env is open: start "
             f"more workers (`celery -A tasks worker`), close other remote envs, or pass shards=..."
         )
 
