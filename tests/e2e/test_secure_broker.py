@@ -96,20 +96,25 @@ def test_the_cli_says_a_wrong_password_in_one_line_and_leaves_nothing(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("tls", [False, True], ids=["password", "tls"])
 def test_a_training_run_over_a_secured_broker(tmp_path, certs, tls):
-    with PrivateRedis(password=ADMIN_PW, certs=certs if tls else None) as server:
+    """The password run logs in as the default user; the TLS run as the `learner` ACL user (its
+    local worker too, since it inherits the URL)."""
+    with PrivateRedis(password=ADMIN_PW, acl=ACL, certs=certs if tls else None) as server:
+        url = server.url_for("learner", LEARNER_PW) if tls else server.url
         out = subprocess.run(
-            CLI + ["train", "--redis-url", server.url, "--workers", "1", "--total-steps", "1500",
+            CLI + ["train", "--redis-url", url, "--workers", "1", "--total-steps", "1500",
                    "--eval-every", "1000", "--run-dir", str(tmp_path)],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
+        denied = connect(server.url).acl_log()  # the ACL refused the run nothing it needed
     assert out.returncode == 0, out.stderr
-    assert ADMIN_PW not in out.stderr and ":***@" in out.stderr
+    assert denied == [], denied
+    assert ADMIN_PW not in out.stderr and LEARNER_PW not in out.stderr and ":***@" in out.stderr
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= 1500 and summary["updates"] > 0
     assert summary["sync_total"]["weight_fetches"] >= 1 and summary["ingest"]["rejected"] == 0
     config = (run_dir / "config.json").read_text()
-    assert ADMIN_PW not in config and (":***@" in config)
+    assert ADMIN_PW not in config and LEARNER_PW not in config and ":***@" in config
     assert ("rediss://" in config) == tls
 
 
@@ -150,6 +155,7 @@ def test_chunks_flow_between_acl_users_over_tls(secure_stack):
         assert time.monotonic() < deadline, f"only chunks {got} arrived"
         reader.poll(lambda h, a: got.append(h["chunk"]))
     assert sorted(got) == [0, 1, 2] and reader.stats.rejected == 0
+    assert connect(server.url).acl_log() == []  # nothing the worker or learner needed was refused
     # The ACL bites: the worker user reaches no other key and no admin command.
     worker = redis.Redis.from_url(server.url_for("worker", WORKER_PW))
     with pytest.raises(redis.exceptions.NoPermissionError):
