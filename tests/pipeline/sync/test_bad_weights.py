@@ -3,6 +3,7 @@ real workers): each is refused, counted under a named reason, and never ends the
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from pipeline.codec import encode_weights
 from pipeline.connect import connect
+from pipeline.evaluation.request import EvalRequest
+from pipeline.evaluation.runner import EvalRunner
 from pipeline.keys import RunKeys
 from pipeline.policy import NumpyMLP
 from pipeline.sync.client import RedisWeightClient, WeightsRejected
@@ -147,3 +150,11 @@ def test_workers_refuse_a_bad_blob_and_serve_on(workers, celery_app, client, run
     assert "weights version 0: weights blob is not valid safetensors" in log
     assert client.xlen(keys.stream) == 0
     assert all(p.poll() is None for p in workers.procs)
+
+
+def test_an_evaluation_of_a_bad_blob_reports_why(client, run_id):
+    keys = RunKeys(run_id)
+    corrupt_version(client, keys, 2, encode_weights(_without(net(0), "layers.1.bias")))
+    result = EvalRunner(client, "w:1").run(EvalRequest(run_id, 0, 0, 2, "CartPole-v1", [1, 2]))
+    assert result["error"] == "weights version 2 rejected: layers.1.bias is missing"
+    assert json.loads(client.lpop(keys.eval_results)) == result  # the learner hears it
