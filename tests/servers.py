@@ -1,13 +1,20 @@
 """A real redis-server of a test's own, on a private loopback port, that the test may stop and start
 again (a broker restart), optionally with a password, ACL users and TLS (certificates made here by
-the openssl CLI). Only servers started here are ever stopped here."""
+the openssl CLI); and Flower, started as the docs say. Only servers started here are stopped here."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlencode
@@ -133,3 +140,52 @@ class PrivateRedis:
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(Exception):
             self.stop()
+
+
+def http_get(
+    url: str, auth: tuple[str, str] | None = None, timeout_s: float = 5.0
+) -> tuple[int, bytes]:
+    """(status, body) of a GET, with HTTP basic auth when given; an HTTP error is a status too."""
+    req = urllib.request.Request(url)
+    if auth is not None:
+        token = base64.b64encode(":".join(auth).encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
+@contextlib.contextmanager
+def flower(
+    broker_url: str,
+    *args: str,
+    auth: tuple[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> Iterator[str]:
+    """`celery -A tasks flower` on a free loopback port for `broker_url` (more flags in `args`,
+    more environment in `env`); yields its base URL once its API answers (with `auth`), and
+    stops it afterwards."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}",
+         "--address=127.0.0.1", *args],
+        env={**os.environ, "CLUSTERENV_REDIS_URL": broker_url, **(env or {})},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert proc.poll() is None, "flower exited"
+            assert time.monotonic() < deadline, "flower did not come up"
+            with contextlib.suppress(OSError):
+                if http_get(f"{base}/api/workers", auth)[0] == 200:
+                    break
+            time.sleep(0.3)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)

@@ -4,16 +4,10 @@ real redis-server started here with certificates made here."""
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -30,7 +24,7 @@ from pipeline.keys import RunKeys
 from pipeline.remote_env import RemoteVectorEnv
 from pipeline.sync.source import RedisWeightSource
 from tests.fakes import net
-from tests.servers import Certs, PrivateRedis, free_port, make_certs
+from tests.servers import Certs, PrivateRedis, flower, http_get, make_certs
 
 CLI = [sys.executable, "-m", "learner.cli"]
 ADMIN_PW = "admin-pw-5d1c"
@@ -180,51 +174,19 @@ def test_the_remote_env_over_tls_as_an_acl_user(secure_stack):
         envs.close()
 
 
-def _get(url: str, auth: tuple[str, str] | None = None) -> int:
-    req = urllib.request.Request(url)
-    if auth is not None:
-        req.add_header(
-            "Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode()
-        )
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
 @pytest.mark.slow
 def test_flower_with_basic_auth_over_tls(secure_stack):
-    server, pool = secure_stack
-    port = free_port()
-    env = {**os.environ, "CLUSTERENV_REDIS_URL": server.url_for("learner", LEARNER_PW)}
-    flower = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}",
-         "--address=127.0.0.1", "--basic-auth=ops:flower-pw-1"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert flower.poll() is None, "flower exited"
-            assert time.monotonic() < deadline, "flower did not come up"
-            with contextlib.suppress(OSError):
-                if _get(f"{base}/api/workers", ("ops", "flower-pw-1")) == 200:
-                    break
-            time.sleep(0.3)
-        assert _get(f"{base}/api/workers") == 401
-        assert _get(f"{base}/api/workers", ("ops", "wrong")) == 401
-        assert _get(f"{base}/", ("ops", "wrong")) == 401
+    server, _ = secure_stack
+    login = ("ops", "flower-pw-1")
+    with flower(server.url_for("learner", LEARNER_PW), "--basic-auth=ops:flower-pw-1",
+                auth=login) as base:  # fmt: skip
+        assert http_get(f"{base}/api/workers")[0] == 401
+        assert http_get(f"{base}/api/workers", ("ops", "wrong"))[0] == 401
+        assert http_get(f"{base}/", ("ops", "wrong"))[0] == 401
         # Flower reaches the workers through the TLS broker: they answer its inspect broadcast.
-        req = urllib.request.Request(f"{base}/api/workers?refresh=1")
-        req.add_header("Authorization", "Basic " + base64.b64encode(b"ops:flower-pw-1").decode())
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            workers = json.loads(resp.read())
-        assert any(name.startswith("local0-") for name in workers), workers
-    finally:
-        os.killpg(flower.pid, signal.SIGTERM)
-        flower.wait(timeout=10)
+        status, body = http_get(f"{base}/api/workers?refresh=1", login, timeout_s=30)
+        assert status == 200
+        assert any(name.startswith("local0-") for name in json.loads(body)), body
 
 
 def test_celery_verifies_the_server_certificate_by_default(certs):
