@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from pipeline.codec import (
 )
 from pipeline.evaluation.request import EvalRequest
 from pipeline.policy import load_policy
+from pipeline.remote_env.messages import ShardSpec
 from pipeline.task_args import TaskArgsError
 from tests.bad_input import NUM_ACTIONS, OBS_SHAPE, bad_entry, entry, json_values
 from tests.fakes import net
@@ -159,7 +161,10 @@ def test_wrongly_shaped_weights_load_or_are_refused(tensors):
 REQUESTS = {
     ChunkRequest: ChunkRequest("run-f", 1, "CartPole-v1", 2, 8, seed=1, epsilon=0.1),
     EvalRequest: EvalRequest("run-f", 0, 0, 3, "CartPole-v1", [1, 2]),
+    ShardSpec: ShardSpec("sess", 0, "CartPole-v1", [0, 1], 5.0, 60.0),
 }
+# Python's json (and so Celery's JSON) writes and reads NaN and Infinity.
+arg_values = json_values | st.sampled_from([float("nan"), float("inf"), float("-inf")])
 
 
 @FAST
@@ -168,9 +173,9 @@ def test_task_arguments_decode_or_raise_task_args_error(kind, data):
     good = REQUESTS[kind].to_json()
     field_names = [*good, "extra"]
     args = data.draw(st.one_of(
-        json_values,
-        st.fixed_dictionaries({}, optional={k: json_values for k in field_names}),
-        st.sampled_from(field_names).flatmap(lambda k: json_values.map(lambda v: {**good, k: v})),
+        arg_values,
+        st.fixed_dictionaries({}, optional={k: arg_values for k in field_names}),
+        st.sampled_from(field_names).flatmap(lambda k: arg_values.map(lambda v: {**good, k: v})),
     ))  # fmt: skip
     args = json.loads(json.dumps(args))  # exactly what a JSON Celery message carries
     try:
@@ -178,4 +183,7 @@ def test_task_arguments_decode_or_raise_task_args_error(kind, data):
     except TaskArgsError as exc:
         assert str(exc)
         return
+    # What is accepted is finite where a number is used as one, and survives the trip again.
+    numbers = [v for v in req.to_json().values() if isinstance(v, float)]
+    assert all(math.isfinite(v) for v in numbers), req
     assert kind.from_json(json.loads(json.dumps(req.to_json()))) == req
