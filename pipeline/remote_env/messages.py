@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +36,9 @@ class RemoteEnvOptions:
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "placement_timeout_s", "heartbeat_ttl_s", "idle_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            # Finite too: the shard's task arguments (ShardSpec) refuse NaN and infinity.
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be positive and finite, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
