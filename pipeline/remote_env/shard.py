@@ -32,6 +32,7 @@ from pipeline.remote_env.messages import (
     ShardSpec,
     jsonable_metadata,
     pack,
+    request_problem,
     space_to_tree,
     unpack,
 )
@@ -164,6 +165,9 @@ class Shard:
         unknown = [i for i in msg.envs if i not in self.envs and msg.op != ADOPT]
         if unknown:
             return Message(msg.op, msg.seq, msg.envs, extra={"fatal": f"no envs {unknown} here"})
+        problem = request_problem(msg)
+        if problem is not None:
+            return Message(msg.op, msg.seq, msg.envs, extra={"fatal": f"bad request: {problem}"})
         if msg.op == STEP:
             return self.step(msg)
         if msg.op == RESET:
