@@ -71,6 +71,8 @@ def decode_header(fields: Mapping[bytes, bytes]) -> dict[str, Any]:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CodecError(f"header is not JSON: {exc}") from None
+    except RecursionError:  # JSON nested deeper than Python's parser goes
+        raise CodecError("header is nested too deeply") from None
     if not isinstance(header, dict):
         raise CodecError("header is not a JSON object")
     if header.get("v") != CODEC_VERSION:

@@ -7,6 +7,7 @@ a test can demand that each one is rejected (and none of its rows reaches replay
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,28 @@ json_values = st.recursive(
     ),
     max_leaves=8,
 )
+
+
+def _number(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+# Values of the fields a worker reports that the learner must refuse.
+WORKER_REPORT_FAILS = {
+    "env_steps": lambda v: not (type(v) is int and v >= 0),
+    "episodes": lambda v: (
+        not (
+            isinstance(v, list)
+            and all(
+                isinstance(e, list) and len(e) == 2 and _number(e[0]) and type(e[1]) is int
+                for e in v
+            )
+        )
+    ),
+    "sync": lambda v: not (isinstance(v, dict) and all(type(x) is int for x in v.values())),
+    "divergence": lambda v: v is not None and not _number(v),
+}
+HEADER_CHECKS = {"v", "run", "chunk", "worker", "policy_version", "arrays", *WORKER_REPORT_FAILS}
 
 
 def entry_arrays(rows: int, fill: float) -> dict[str, np.ndarray]:
@@ -64,7 +87,7 @@ def bad_entry(draw: st.DrawFn, run_id: str, chunk: int) -> dict[bytes, bytes]:
     header = _header(fields)
     name = draw(st.sampled_from(sorted(entry_arrays(1, 0.0))))
     kind = draw(st.sampled_from([
-        "no header", "header bytes", "header json", "header field", "header key gone",
+        "no header", "header bytes", "header deep", "header json", "header field", "header key gone",
         "array dtype", "array shape", "array description", "array bytes gone", "array length",
         "action range", "non-finite",
     ]))  # fmt: skip
@@ -72,12 +95,15 @@ def bad_entry(draw: st.DrawFn, run_id: str, chunk: int) -> dict[bytes, bytes]:
         del fields[FIELD_HEADER]
     elif kind == "header bytes":  # never JSON: 0xff starts no UTF-8 text
         fields[FIELD_HEADER] = b"\xff" + draw(st.binary(max_size=40))
+    elif kind == "header deep":  # deeper than Python's JSON parser recurses
+        depth = draw(st.integers(5_000, 20_000))
+        fields[FIELD_HEADER] = b'{"v":1,"x":' + b"[" * depth + b"]" * depth + b"}"
     elif kind == "header json":
         fields = _with_header(
             fields, draw(json_values.filter(lambda v: not isinstance(v, dict) or "arrays" not in v))
         )
     elif kind == "header field":
-        key = draw(st.sampled_from(["v", "run", "chunk", "worker", "policy_version", "arrays"]))
+        key = draw(st.sampled_from(sorted(HEADER_CHECKS)))
         must_fail = {
             "v": lambda v: v != 1,
             "run": lambda v: v != run_id,
@@ -85,6 +111,7 @@ def bad_entry(draw: st.DrawFn, run_id: str, chunk: int) -> dict[bytes, bytes]:
             "policy_version": lambda v: not isinstance(v, int) or isinstance(v, bool),
             "worker": lambda v: not isinstance(v, str),
             "arrays": lambda v: v != header["arrays"],
+            **WORKER_REPORT_FAILS,
         }[key]
         fields = _with_header(fields, {**header, key: draw(json_values.filter(must_fail))})
     elif kind == "header key gone":
