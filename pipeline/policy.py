@@ -33,6 +33,10 @@ class NumpyMLP:
                 )
 
     @property
+    def num_inputs(self) -> int:
+        return self.layers[0][0].shape[0]
+
+    @property
     def num_outputs(self) -> int:
         return self.layers[-1][1].shape[0]
 

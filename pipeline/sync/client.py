@@ -124,8 +124,8 @@ class RedisWeightClient:
     def _reference_states(self, ref: int) -> np.ndarray | None:
         if self._reference is not None and self._reference[0] == ref:
             return self._reference[1]
-        obs_dim = self.policy.layers[0][0].shape[0]
-        got = self._read(self.keys.reference(ref), {"obs": ArraySpec("<f4", (obs_dim,))})
+        obs = ArraySpec("<f4", (self.policy.num_inputs,))
+        got = self._read(self.keys.reference(ref), {"obs": obs})
         if got is None:
             return None
         self._reference = (ref, got[1]["obs"].copy())
@@ -167,8 +167,7 @@ class RedisWeightClient:
             policy = load_policy(blob)
             held = self.policy
             if held is not None and (
-                policy.layers[0][0].shape[0] != held.layers[0][0].shape[0]
-                or policy.num_outputs != held.num_outputs
+                policy.num_inputs != held.num_inputs or policy.num_outputs != held.num_outputs
             ):
                 raise ValueError("inputs or outputs differ from the version held")
         except ValueError as exc:

@@ -124,7 +124,7 @@ def _valid_or_refused(blob: bytes) -> None:
         assert str(exc)
         return
     # What loads must act: a finite Q row per observation of its input size.
-    obs = np.zeros((2, policy.layers[0][0].shape[0]), np.float32)
+    obs = np.zeros((2, policy.num_inputs), np.float32)
     assert np.isfinite(policy(obs)).all()
 
 
