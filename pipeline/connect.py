@@ -58,7 +58,7 @@ def connect(url: str, *, blocking: bool = False, retries: int = RETRIES) -> redi
         raise RedisUnreachable(f"bad Redis URL {redact(url)!r}: {exc}") from None
     except redis.AuthenticationError as exc:
         raise RedisUnreachable(f"Redis at {redact(url)} refused the credentials: {exc}") from None
-    except redis.ResponseError as exc:  # e.g. NOAUTH: the server wants a password, the URL has none
+    except redis.ResponseError as exc:  # e.g. an ACL user without the commands clusterenv uses
         raise RedisUnreachable(f"Redis at {redact(url)} refused PING: {exc}") from None
     except redis.RedisError as exc:
         raise RedisUnreachable(f"cannot reach Redis at {redact(url)}: {exc}") from None

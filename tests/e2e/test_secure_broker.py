@@ -55,14 +55,16 @@ def one_line_error(url: str, secret: str) -> str:
 # --- wrong credentials and missing certificates: one clear line, no secret in it ---
 
 
-def test_a_wrong_password_or_user_is_one_line(certs):
-    with PrivateRedis(password=ADMIN_PW, acl=ACL) as server:
+def test_a_wrong_password_or_user_is_one_line():
+    powerless = "powerless on >pw-9 ~* -@all +get"
+    with PrivateRedis(password=ADMIN_PW, acl=(*ACL, powerless)) as server:
         assert connect(server.url).ping()
         assert connect(server.url_for("worker", WORKER_PW)).ping()
         wrong = "not-the-pw-77"
         assert "refused the credentials" in one_line_error(server.url_for(password=wrong), wrong)
         assert "refused the credentials" in one_line_error(server.url_for("worker", wrong), wrong)
         assert "refused the credentials" in one_line_error(server.url_for(), ADMIN_PW)
+        assert "refused PING" in one_line_error(server.url_for("powerless", "pw-9"), "pw-9")
 
 
 def test_tls_needs_the_ca_and_a_client_certificate(certs):
