@@ -5,6 +5,7 @@ real redis-server started here with certificates made here."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -87,6 +88,19 @@ def test_the_cli_says_a_wrong_password_in_one_line_and_leaves_nothing(tmp_path):
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert "refused the credentials" in out.stderr and "guess-123" not in out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_worker_with_a_wrong_password_stops_and_says_why():
+    with PrivateRedis(password=ADMIN_PW) as server:
+        env = {**os.environ, "CLUSTERENV_REDIS_URL": server.url_for(password="guess-456")}
+        out = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "solo"],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert out.returncode == 1
+    assert "Unrecoverable error: RedisUnreachable" in out.stderr
+    assert "refused the credentials" in out.stderr and "guess-456" not in out.stderr
 
 
 # --- a real training run over a password, and over TLS with a client certificate ---
