@@ -119,9 +119,11 @@ class Rig:
         epsilon: float,
         seed: int,
         in_flight: int,
+        per_task: int = 1,
         timeout_s: float = 300.0,
     ) -> dict[str, float]:
-        """Env steps/s from the arrival of chunk `warmup` to the last; ms and CPU ms per chunk."""
+        """Env steps/s from the arrival of chunk `warmup` to the last; ms and CPU ms per chunk.
+        Tasks of `per_task` chunks each, `in_flight` tasks at a time."""
         keys = RunKeys(f"bench-overhead-{uuid.uuid4().hex[:8]}")
         RedisWeightSource(self.client, keys).publish(weights)
         reader = StreamReader(
@@ -138,14 +140,15 @@ class Rig:
             arrivals.append(time.perf_counter())
 
         template = chunk_template(keys.run_id, num_envs, steps, seed, epsilon)
-        total, sent, start = warmup + chunks, 0, None
+        total, sent, start = -(-(warmup + chunks) // per_task) * per_task, 0, None
+        chunks = total - warmup
         self._task_runtimes()
         deadline = time.monotonic() + timeout_s
         while reader.stats.chunks < total:
-            while sent < total and sent - reader.stats.chunks < in_flight:
-                req = ChunkRequest(chunk_id=sent, **template)
+            while sent < total and sent - reader.stats.chunks < in_flight * per_task:
+                req = ChunkRequest(chunk_id=sent, chunks=per_task, **template)
                 self.app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
-                sent += 1
+                sent += per_task
             reader.poll(sink, block_ms=100)
             if start is None and reader.stats.chunks >= warmup:
                 start = self._cpu()
@@ -156,12 +159,13 @@ class Rig:
         assert start is not None and reader.stats.duplicates == reader.stats.rejected == 0
         assert replay.inserted == reader.stats.transitions
         wall = arrivals[-1] - arrivals[warmup - 1]
-        runtimes = self._task_runtimes()[warmup:]
+        runtimes = self._task_runtimes()[warmup // per_task :]
         per_chunk = [1e3 * (b - a) / chunks for a, b in zip(start, end, strict=True)]
         return {
             "rate": chunks * num_envs * steps / wall,
             "chunk_ms": 1e3 * wall / chunks,
-            "task_ms": 1e3 * statistics.fmean(runtimes) if runtimes else float("nan"),
+            # Celery's runtime of a task, per chunk it carried
+            "task_ms": 1e3 * statistics.fmean(runtimes) / per_task if runtimes else float("nan"),
             "worker_cpu_ms": per_chunk[1],
             "learner_cpu_ms": per_chunk[2],
             "server_cpu_ms": per_chunk[3],

@@ -93,6 +93,13 @@ def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -
     return path
 
 
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out a matplotlib figure and write it to `path` (folders made as needed)."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy scalars
         return value.item()

@@ -77,6 +77,11 @@ def parse_shape(text: str) -> tuple[int, int]:
     return int(envs), int(steps)
 
 
+def variant_name(envs: int, steps: int, per_task: int) -> str:
+    """'8x32' for one chunk per task, '8x32 k4' for four."""
+    return f"{envs}x{steps}" + (f" k{per_task}" if per_task > 1 else "")
+
+
 def parse_setting(text: str) -> tuple[str, Any]:
     """NAME=VALUE, VALUE as JSON if it parses (2, false, "x"), else as a plain string."""
     name, sep, raw = text.partition("=")
@@ -191,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         "--in-flight", type=int, default=2, help="collect_chunk tasks kept in flight (default: 2)"
     )
     p.add_argument(
+        "--chunks-per-task",
+        default="1",
+        help="chunks one collect_chunk task carries (train's --chunks-per-task), comma-separated; "
+        "each value is measured for every shape (default: 1)",
+    )
+    p.add_argument(
         "--epsilon", type=float, default=0.05, help="epsilon of the fixed policy (default: 0.05)"
     )
     p.add_argument("--seed", type=int, default=1, help="seed of the weights, envs and exploration")
@@ -212,8 +223,16 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [parse_shape(s) for s in args.shapes.split(",") if s.strip()]
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
-    if min(args.warmup, args.repeats, args.env_steps, args.in_flight) < 1 or not shapes:
-        p.error("--warmup, --repeats, --env-steps and --in-flight must be >= 1, --shapes non-empty")
+    try:
+        per_tasks = [int(k) for k in args.chunks_per_task.split(",")]
+    except ValueError:
+        p.error(f"--chunks-per-task: expected integers like 1,4, got {args.chunks_per_task!r}")
+    if min(args.warmup, args.repeats, args.env_steps, args.in_flight, *per_tasks) < 1 or not shapes:
+        p.error(
+            "--warmup, --repeats, --env-steps, --in-flight and --chunks-per-task must be >= 1, "
+            "--shapes non-empty"
+        )
+    variants = [(envs, steps, k) for envs, steps in shapes for k in per_tasks]
 
     weights = fixed_weights(args.seed)
     runs: list[dict[str, Any]] = []
@@ -222,17 +241,19 @@ def main(argv: list[str] | None = None) -> int:
         one_worker(Path(tmp) / "worker.log", dict(args.worker_setting)) as rig,
     ):
         for rep in range(args.repeats):
-            for envs, steps in shapes:
+            for envs, steps, per_task in variants:
                 chunks = max(1, args.env_steps // (envs * steps))
                 common = dict(num_envs=envs, steps=steps, epsilon=args.epsilon, seed=args.seed)
                 base = in_process(weights, chunks=chunks, warmup=args.warmup, **common)
                 pipe = rig.run(
-                    weights, chunks=chunks, warmup=args.warmup, in_flight=args.in_flight, **common
-                )
+                    weights, chunks=chunks, warmup=args.warmup, in_flight=args.in_flight,
+                    per_task=per_task, **common,
+                )  # fmt: skip
                 parts = rig.breakdown(weights, reps=max(1, chunks // 2), **common)
                 runs.append(
                     {
-                        "shape": f"{envs}x{steps}",
+                        "shape": variant_name(envs, steps, per_task),
+                        "chunks_per_task": per_task,
                         "repeat": rep,
                         "chunks": chunks,
                         "in_process": base,
@@ -241,12 +262,13 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
                 print(
-                    f"rep {rep} {envs}x{steps}: in-process {base['rate']:,.0f}/s, pipeline "
+                    f"rep {rep} {variant_name(envs, steps, per_task)}: in-process {base['rate']:,.0f}/s, pipeline "
                     f"{pipe['rate']:,.0f}/s ({pipe['rate'] / base['rate']:.3f}x)",
                     flush=True,
                 )
 
-    summary = {f"{e}x{s}": summarize(runs, f"{e}x{s}") for e, s in shapes}
+    names = [variant_name(*v) for v in variants]
+    summary = {name: summarize(runs, name) for name in names}
     print()
     print_tables(summary)
     args_json = vars(args) | {"out": str(args.out), "worker_setting": dict(args.worker_setting)}

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS_DIR, median, table, write_results
+from bench.common import RESULTS_DIR, median, save_figure, table, write_results
 from learner.report import first_solve, load_run
 from pipeline.sync.rules import Aps, parse_sync
 
@@ -162,9 +162,7 @@ def plot(
         ax.set_ylabel("env steps to the solved level (at the top: not solved)")
         ax.axhline(ENVS[env]["budget"], color="grey", lw=0.5)
         ax.set_title(f"{env}: bytes vs sample efficiency (outlined: Pareto front)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,10 @@
-"""`clusterenv` command line: `train` (flags derived from TrainConfig by tyro) and `report`."""
+"""`clusterenv` command line: `train` (flags derived from TrainConfig by tyro), `eval`, `report`,
+`status`."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -10,17 +12,22 @@ import uuid
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import tyro
 
 from learner.config import TrainConfig
 
+if TYPE_CHECKING:
+    from learner.resume import Resumed
+
 WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A tasks worker --loglevel=INFO"
-USAGE = """usage: clusterenv {train,report} [--help] | --version
+USAGE = """usage: clusterenv {train,eval,report,status} [--help] | --version
 
   train    train Double DQN (embedded server and local workers unless --redis-url)
+  eval     greedy return of a checkpoint or run directory, mean ± std over episodes; MP4s
   report   plots and a table from one or more run directories
+  status   the progress of the runs on a broker, as their learners last wrote it
 """
 # Nested configs give flat flags (`--lr`, not `--dqn.lr`).
 FLAT = (tyro.conf.OmitArgPrefixes,)
@@ -38,8 +45,41 @@ class ReportArgs:
     """run directories written by `clusterenv train`"""
     out: Path = Path("report")
     """output folder"""
-    target: float | None = None
-    """return that counts as solved in the steps-to-target column; unset: each run's own target"""
+    target: Annotated[
+        float | None, tyro.conf.arg(help_behavior_hint="(default: each run's own target)")
+    ] = None
+    """return that counts as solved in the steps-to-target column"""
+
+
+@dataclass
+class EvalArgs:
+    """Greedy return of a saved Q-network, mean ± std over episodes run on this machine.
+
+    The env is the run's (its config.json). MP4s with --video need `pip install 'clusterenv[video]'`.
+    """
+
+    checkpoint: tyro.conf.Positional[Path]
+    """a .safetensors checkpoint, or a run directory (its final.safetensors, else the newest in checkpoints/)"""
+    episodes: int = 10
+    """greedy episodes to run"""
+    seed: int = 0
+    """episode i is reset with seed + i"""
+    video: Annotated[Path | None, tyro.conf.arg(help_behavior_hint="(default: no video)")] = None
+    """folder for one MP4 per episode (gymnasium's RecordVideo; the env needs an rgb_array render mode)"""
+
+
+@dataclass
+class StatusArgs:
+    """The progress of every run on a broker (steps, steps/s, eval, version, state), as each
+    learner wrote it in the last few seconds."""
+
+    redis_url: Annotated[
+        str | None,
+        tyro.conf.arg(help_behavior_hint="(default: $CLUSTERENV_REDIS_URL, else the local one)"),
+    ] = None
+    """the broker the runs use (an embedded run prints its URL when it starts)"""
+    json: bool = False
+    """print the statuses as one JSON list instead of a line per run"""
 
 
 def _one_line_parse_errors(event: Any) -> None:
@@ -59,9 +99,29 @@ def _one_line_parse_errors(event: Any) -> None:
     # Anything else: tyro's own message.
 
 
-def parse(kind: type, argv: list[str], prog: str) -> Any:
+def parse(kind: type, argv: list[str], prog: str, default: Any = None) -> Any:
     with tyro._errors.on_parse_error(_one_line_parse_errors):
-        return tyro.cli(kind, args=argv, prog=prog, config=FLAT)
+        return tyro.cli(kind, args=argv, prog=prog, config=FLAT, default=default)
+
+
+def parse_train(argv: list[str]) -> TrainConfig:
+    """The run's config: flags on top of the env's preset (learner/presets.toml) or the plain
+    defaults; with --resume, on top of the resumed run's config, where flags not given keep its
+    values and a flag that would change what may not change is refused."""
+    from learner.presets import defaults_for, preset_choice
+    from learner.resume import check_overrides, saved_config
+
+    try:
+        cfg = parse(TrainConfig, argv, "clusterenv train", defaults_for(*preset_choice(argv)))
+        if cfg.resume is None:
+            return cfg
+        saved = saved_config(Path(cfg.resume))
+        saved.resume = cfg.resume
+        cfg = parse(TrainConfig, argv, "clusterenv train", default=saved)
+        check_overrides(saved, cfg)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return cfg
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
@@ -71,7 +131,7 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 def train(cfg: TrainConfig) -> int:
     from learner.envs import env_spaces
     from learner.trainer import RunFailed, Trainer
-    from pipeline.cluster.embedded import Stack
+    from pipeline.cluster.embedded import Stack, WorkersDidNotStart
     from pipeline.connect import RedisUnreachable, connect, redact
 
     try:
@@ -84,22 +144,20 @@ def train(cfg: TrainConfig) -> int:
             connect(cfg.redis_url).close()
         except RedisUnreachable as exc:
             raise CliError(str(exc)) from None
-    run_id = f"{cfg.env.replace('/', '_')}__s{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-    run_dir = Path(cfg.run_dir) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir, run_id, resumed, lock = _open_run_dir(cfg)
     # SIGTERM and SIGHUP (a closed terminal) take the same clean path as Ctrl-C: workers and
-    # the embedded server are stopped. The server has no parent-death signal of its own. A signal
+    # the embedded server are stopped (after a SIGKILL their parent-death signal does it). A signal
     # the run was started ignoring (`nohup` ignores SIGHUP) stays ignored, as the caller asked.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _raise_keyboard_interrupt)
     try:
-        with Stack(cfg.redis_url, cfg.local_workers(), log_path=run_dir / "workers.log") as stack:
+        with lock, Stack(cfg.redis_url, cfg.local_workers(), run_dir / "workers.log") as stack:
             url = stack.redis_url
             assert url is not None
             _wait_for_workers(connect(url), url)
             print(f"run {run_id}: broker {redact(url)}, run dir {run_dir}", file=sys.stderr)
-            result = Trainer(cfg, url, run_dir, run_id).run()
+            result = Trainer(cfg, url, run_dir, run_id, resumed).run()
     except RedisUnreachable as exc:
         raise CliError(str(exc)) from None
     except KeyboardInterrupt:
@@ -108,6 +166,9 @@ def train(cfg: TrainConfig) -> int:
     except RunFailed as exc:
         print(f"clusterenv: run failed: {exc}; partial run in {run_dir}", file=sys.stderr)
         return 1
+    except WorkersDidNotStart as exc:
+        print(f"clusterenv: error: {exc}", file=sys.stderr)
+        return 1
     status = "solved" if result.solved else "budget spent"
     print(
         f"{status}: best eval {result.best_eval:.1f} after {result.env_steps} env steps, "
@@ -115,6 +176,33 @@ def train(cfg: TrainConfig) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _open_run_dir(cfg: TrainConfig) -> tuple[Path, str, Resumed | None, IO]:
+    """A new run directory, or the one --resume names with its newest checkpoint; its lock."""
+    from learner.checkpoint import CheckpointError
+    from learner.resume import load_resume, lock_run_dir, next_run_id
+
+    if cfg.resume is None:
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        run_id = f"{cfg.env.replace('/', '_')}__s{cfg.seed}__{stamp}"
+        run_dir = Path(cfg.run_dir) / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir, run_id, None, lock_run_dir(run_dir)
+    run_dir = Path(cfg.resume)
+    try:
+        lock = lock_run_dir(run_dir)
+    except (ValueError, OSError) as exc:
+        raise CliError(str(exc)) from None
+    try:
+        resumed = load_resume(run_dir, cfg)
+    except CheckpointError as exc:
+        lock.close()
+        raise CliError(str(exc)) from None
+    run_id, st = next_run_id(run_dir), resumed.state
+    print(f"resuming from {resumed.checkpoint} ({st['accounting']['env_steps']} env steps, "
+          f"{st['updates']} updates, v{st['policy_version']}) as run {run_id}", file=sys.stderr)  # fmt: skip
+    return run_dir, run_id, resumed, lock
 
 
 def _wait_for_workers(client, url: str, timeout_s: float = 600.0) -> None:
@@ -149,13 +237,53 @@ def report(args: ReportArgs) -> int:
     return 0
 
 
+def evaluate(args: EvalArgs) -> int:
+    from learner.eval_checkpoint import evaluate_checkpoint
+
+    try:
+        print(evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, args.video))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return 0
+
+
+def status(args: StatusArgs) -> int:
+    import json
+
+    import redis
+
+    from learner.status import read_statuses, status_line
+    from pipeline.connect import RedisUnreachable, connect
+
+    url = args.redis_url or os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        statuses = read_statuses(connect(url))
+    except RedisUnreachable as exc:
+        raise CliError(str(exc)) from None
+    except redis.RedisError as exc:  # reachable, but refuses (a password, say)
+        raise CliError(f"{url}: {exc}") from None
+    if args.json:
+        print(json.dumps(statuses))
+        return 0
+    if not statuses:
+        print(f"no run status on {url}", file=sys.stderr)
+    now = time.time()
+    for one in statuses:
+        print(status_line(one, now))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     command, rest = (argv[0], argv[1:]) if argv else ("", [])
     try:
         if command == "train":
-            return train(parse(TrainConfig, rest, "clusterenv train"))
+            return train(parse_train(rest))
+        if command == "eval":
+            return evaluate(parse(EvalArgs, rest, "clusterenv eval"))
+        if command == "status":
+            return status(parse(StatusArgs, rest, "clusterenv status"))
         if command == "report":
             return report(parse(ReportArgs, rest, "clusterenv report"))
         if command in ("-h", "--help"):
@@ -165,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"clusterenv {version('clusterenv')}")
             return 0
         raise CliError(
-            f"unknown command {command!r}; choose train or report"
+            f"unknown command {command!r}; choose train, eval, report or status"
             if command
             else "no command given"
         )

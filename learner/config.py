@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+import typing
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Annotated, Any
 
+from tyro.conf import arg
 from tyro.constructors import PrimitiveConstructorSpec
 
 from pipeline.chunks.dispatcher import DispatchConfig
@@ -143,6 +145,19 @@ class EvalConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    checkpoint_every_s: float = 60.0
+    """seconds between periodic checkpoints (what --resume continues from); 0: no time trigger"""
+    checkpoint_every_updates: int = 0
+    """gradient steps between periodic checkpoints, whichever trigger comes first; 0: off"""
+    checkpoints_kept: int = 3
+    """newest periodic checkpoints kept in RUN_DIR/checkpoints; older ones are deleted"""
+    checkpoint_replay: bool = False
+    """store replay in checkpoints too (bigger files); without it a resumed run refills replay
+    up to --learning-starts before it learns again"""
+
+
+@dataclass
 class TrainConfig:
     """Train Double DQN: envs on Celery workers, transitions through Redis, one learner.
 
@@ -152,21 +167,34 @@ class TrainConfig:
 
     env: str = "CartPole-v1"
     """Gymnasium env id (Discrete actions, Box observations)"""
+    preset: bool = True
+    """start from the env's entry in learner/presets.toml when it has one (flags override it);
+    --no-preset: the plain defaults below"""
     env_kwargs: JsonObject = field(default_factory=dict)
     """keyword arguments for gymnasium.make as a JSON object, e.g. '{"g": 9.8}'"""
     seed: int = 1
     """seed for the learner, the workers' envs and exploration"""
     total_steps: int = 100_000
     """env-step budget; the run stops when it is spent"""
-    target_return: float | None = None
-    """stop once the greedy eval mean reaches this; unset: the env's reward_threshold"""
-    redis_url: str | None = None
+    # An unset setting's help names what it means, once (tyro would add "(default: None)").
+    target_return: Annotated[
+        float | None, arg(help_behavior_hint="(default: the env's reward_threshold)")
+    ] = None
+    """stop once the greedy eval mean reaches this"""
+    redis_url: Annotated[
+        str | None, arg(help_behavior_hint="(default: start an embedded server)")
+    ] = None
     """Redis broker shared with the workers (a password, ACL user and TLS options go in the URL:
-    docs/operations.md); unset: start an embedded server"""
-    workers: int | None = None
-    """local worker processes to start; unset: one per core without --redis-url, 0 with it"""
+    docs/operations.md)"""
+    workers: Annotated[
+        int | None, arg(help_behavior_hint="(default: one per core without --redis-url, 0 with it)")
+    ] = None
+    """local worker processes to start"""
     run_dir: str = "runs"
     """parent folder of the run directory"""
+    resume: str | None = None
+    """continue the run in this run directory from its newest checkpoint, with its config.json (a
+    flag that would change the experiment is refused; docs/reliability.md lists those that may)"""
     status_every_s: float = 30.0
     """without a terminal, seconds between status lines on stderr (steps/s, eval, version, fetches)"""
     # One thread: with two, torch's intra-op threads spin against the workers and any other
@@ -179,6 +207,7 @@ class TrainConfig:
     dqn: DQNConfig = field(default_factory=DQNConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -190,9 +219,10 @@ class TrainConfig:
             (self.evaluation, "eval_episodes"), (self.weights, "reference_size"),
             (self.weights, "reference_every"), (self.weights, "weight_ttl_s"),
             (self.weights, "weights_kept"), (self.replay, "updates_per_turn"),
-            (self.dispatch, "chunks_per_process"), (self.dispatch, "lost_after_s"),
+            (self.dispatch, "tasks_per_process"), (self.dispatch, "chunks_per_task"),
+            (self.dispatch, "lost_after_s"),
             (self.evaluation, "eval_timeout_s"), (self.evaluation, "solve_evals"),
-            (self, "status_every_s"),
+            (self, "status_every_s"), (self.checkpoint, "checkpoints_kept"),
         ]  # fmt: skip
         for part, name in positive:
             if getattr(part, name) <= 0:
@@ -214,6 +244,9 @@ class TrainConfig:
         c = self.collection
         if not (0.0 <= c.eps_end <= c.eps_start <= 1.0):
             raise ValueError("need 0 <= --eps-end <= --eps-start <= 1")
+        ck = self.checkpoint
+        if ck.checkpoint_every_s < 0 or ck.checkpoint_every_updates < 0:
+            raise ValueError("--checkpoint-every-s and --checkpoint-every-updates must be >= 0")
         if self.torch_threads < 1:
             raise ValueError(f"--torch-threads must be >= 1, got {self.torch_threads}")
         w = self.weights
@@ -233,3 +266,19 @@ class TrainConfig:
         if self.redis_url is not None:
             tree["redis_url"] = redact(self.redis_url)
         return json.dumps(tree, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        """The config a run directory stored (config.json); ValueError naming an unknown setting."""
+        return _from_dict(cls, json.loads(text), "")
+
+
+def _from_dict(kind: type, values: dict[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(kind)
+    unknown = sorted(set(values) - {f.name for f in fields(kind)})
+    if unknown:  # a config.json written by another version of clusterenv
+        raise ValueError(f"unknown setting {where}{unknown[0]!r}")
+    return kind(**{
+        name: _from_dict(hints[name], value, f"{where}{name}.") if is_dataclass(hints[name]) else value
+        for name, value in values.items()
+    })  # fmt: skip

@@ -1,18 +1,24 @@
 """What a person watching the run sees: a tqdm bar on a terminal; without one (a log file, CI,
-`nohup`), a line per evaluation and a status line every `status_every_s` seconds."""
+`nohup`), a line per evaluation and a status line every `status_every_s` seconds. The same
+figures go to the broker every few seconds for `clusterenv status` (learner/status.py)."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
 
 from tqdm import tqdm
 
+from learner.status import RunStatus
+
 
 class Progress:
-    def __init__(self, total_steps: int, status_every_s: float = 30.0):
-        self.total, self.status_every_s = total_steps, status_every_s
+    def __init__(
+        self, total_steps: int, status_every_s: float = 30.0, board: RunStatus | None = None
+    ):
+        self.total, self.status_every_s, self.board = total_steps, status_every_s, board
         self.interactive = sys.stderr.isatty()
         self.t0 = self._status_at = time.perf_counter()
         self.bar = tqdm(
@@ -26,6 +32,13 @@ class Progress:
         worker's counters) is only called then."""
         now = time.perf_counter()
         sps = env_steps / max(1e-9, now - self.t0)
+        if self.board is not None and self.board.due():
+            self.board.running({
+                "env_steps": env_steps, "total_steps": self.total, "steps_per_s": round(sps, 1),
+                "last_eval": last_eval if math.isfinite(last_eval) else None,
+                "policy_version": version, "weight_fetches": fetches(),
+                "wall_s": round(now - self.t0, 1),
+            })  # fmt: skip
         if self.interactive:
             self.bar.n = min(env_steps, self.total)
             self.bar.set_postfix(

@@ -1,13 +1,15 @@
 """`clusterenv report`: plots and a markdown table of headline figures from run directories.
 
 Runs are grouped by their sync rule (from config.json); curves show the median over the group's
-seeds with a min–max band.
+seeds with a min–max band where at least two of them have data, and each run's own line where it
+goes on alone, so every run is drawn to its own end.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +30,48 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def _band(ax, runs: list[dict], x_key: str, y_key: str, label: str) -> None:
-    """Median and min–max over runs, on a common grid of x."""
+@dataclass
+class Band:
+    """A group's curves on one grid of x: median, min and max where at least two runs have data
+    (NaN elsewhere), and each run's own line (NaN except where it is the only run with data)."""
+
+    grid: np.ndarray
+    median: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    solo: list[np.ndarray]
+    runs: int
+
+
+def band(runs: list[dict], x_key: str, y_key: str, points: int = 200) -> Band | None:
+    """Each run interpolated over its own span only, so every run is drawn to its own end."""
     curves = [(np.array([r[x_key] for r in run["rows"]]), np.array([r.get(y_key) or 0 for r in run["rows"]]))
               for run in runs if run["rows"]]  # fmt: skip
     if not curves:
+        return None
+    grid = np.linspace(0, max(x.max() for x, _ in curves), points)
+    ys = np.stack([np.where((grid >= x[0]) & (grid <= x[-1]), np.interp(grid, x, y), np.nan)
+                   for x, y in curves])  # fmt: skip
+    shared = np.sum(~np.isnan(ys), axis=0) >= 2
+    stats = [np.full(points, np.nan) for _ in range(3)]
+    for out, reduce in zip(stats, (np.nanmedian, np.nanmin, np.nanmax), strict=True):
+        out[shared] = reduce(ys[:, shared], axis=0)
+    alone = [~shared & ~np.isnan(y) for y in ys]
+    # Each run's own line starts one grid point early, where it meets the median.
+    solo = [
+        np.where(a | np.append(a[1:], False), y, np.nan) for a, y in zip(alone, ys, strict=True)
+    ]
+    return Band(grid, *stats, solo=solo, runs=len(curves))
+
+
+def _draw(ax, runs: list[dict], x_key: str, y_key: str, scale: float, label: str) -> None:
+    b = band(runs, x_key, y_key)
+    if b is None:
         return
-    grid = np.linspace(0, min(c[0].max() for c in curves), 100)
-    ys = np.stack([np.interp(grid, x, y) for x, y in curves])
-    (line,) = ax.plot(grid, np.median(ys, axis=0), label=f"{label} (n={len(curves)})")
-    ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=line.get_color(), alpha=0.2)
+    (line,) = ax.plot(b.grid, b.median / scale, label=f"{label} (n={b.runs})")
+    ax.fill_between(b.grid, b.low / scale, b.high / scale, color=line.get_color(), alpha=0.2)
+    for y in b.solo:  # where a single run goes on alone, its own line
+        ax.plot(b.grid, y / scale, color=line.get_color(), linewidth=1.0)
 
 
 def first_solve(
@@ -96,16 +130,16 @@ def write_report(run_dirs: list[Path], out: Path, target: float | None = None) -
         run = load_run(d)
         groups[run["config"]["weights"]["sync"]].append(run)
     out.mkdir(parents=True, exist_ok=True)
-    plots = [
-        ("eval_vs_steps.png", "env_steps", "eval/return_mean", "greedy eval return"),
-        ("eval_vs_wall.png", "wall_s", "eval/return_mean", "greedy eval return"),
-        ("weight_bytes_vs_steps.png", "env_steps", "pipeline/weight_bytes", "cumulative weight bytes (all workers)"),
-        ("lag_vs_wall.png", "wall_s", "pipeline/lag_updates_mean", "mean policy lag at ingest since the previous eval (gradient steps)"),
+    plots = [  # file, x, y, y divided by, y label
+        ("eval_vs_steps.png", "env_steps", "eval/return_mean", 1, "greedy eval return"),
+        ("eval_vs_wall.png", "wall_s", "eval/return_mean", 1, "greedy eval return"),
+        ("weight_bytes_vs_steps.png", "env_steps", "pipeline/weight_bytes", 1e6, "cumulative weight MB (all workers)"),
+        ("lag_vs_wall.png", "wall_s", "pipeline/lag_updates_mean", 1, "mean policy lag at ingest since the previous eval (gradient steps)"),
     ]  # fmt: skip
-    for name, x_key, y_key, ylabel in plots:
+    for name, x_key, y_key, scale, ylabel in plots:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for rule, runs in groups.items():
-            _band(ax, runs, x_key, y_key, rule)
+            _draw(ax, runs, x_key, y_key, scale, rule)
         ax.set_xlabel("env steps" if x_key == "env_steps" else "wall time (s)")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8)

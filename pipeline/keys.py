@@ -9,6 +9,9 @@ PREFIX = "clusterenv"
 # Worker heartbeats are per broker, not per run: any worker serves any run.
 WORKER_HEARTBEAT_PATTERN = f"{PREFIX}:worker:*"
 
+# Each run's learner status (`clusterenv status` finds them all).
+RUN_STATUS_PATTERN = f"{PREFIX}:run:*:status"
+
 # Stream entry fields: a JSON header plus one raw-bytes field per array.
 FIELD_HEADER = b"header"
 ARRAY_FIELD_PREFIX = b"a:"
@@ -64,6 +67,11 @@ class RunKeys:
     def eval_results(self) -> str:
         """List of JSON eval results, worker RPUSH → learner LPOP."""
         return f"{self.base}:evals"
+
+    @property
+    def status(self) -> str:
+        """JSON progress of the learner (steps, eval, version, state), refreshed every few seconds."""
+        return f"{self.base}:status"
 
     @property
     def stop(self) -> str:

@@ -56,8 +56,11 @@ class WeightClient(SyncState, Protocol):
     """Worker side: the policy of one version, refreshed when its rule says so."""
 
     last_divergence: float | None
+    run_stopped: bool
 
-    def sync(self, epsilon: float) -> NumpyMLP: ...
+    def sync(self, epsilon: float) -> NumpyMLP | None:
+        """The policy for the next chunk; None once the run has stopped (`run_stopped`)."""
+        ...
 
     def record_steps(self, env_steps: int) -> None: ...
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from celery import Celery, bootsteps
 
 from pipeline.cluster.heartbeat import Heartbeat
@@ -10,6 +13,21 @@ from pipeline.connect import connect
 
 app = Celery("clusterenv", include=["tasks.collect", "tasks.evaluate", "tasks.env_shard"])
 app.config_from_object("celeryconfig")
+
+
+class JsonResult:
+    """A task's small summary, whose repr is JSON.
+
+    Celery puts repr(return value) into the task-succeeded event (what Flower shows as the
+    result) and the worker log; a dict would read as a Python repr there. With results ignored
+    (celeryconfig), nothing else of the value leaves the worker, so it is never serialized.
+    """
+
+    def __init__(self, summary: dict[str, Any]):
+        self.summary = summary
+
+    def __repr__(self) -> str:
+        return json.dumps(self.summary, default=str)
 
 
 class WorkerHeartbeat(bootsteps.StartStopStep):

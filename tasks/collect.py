@@ -1,4 +1,4 @@
-"""`clusterenv.collect_chunk`: decode the JSON request, run one chunk, return a small summary."""
+"""`clusterenv.collect_chunk`: decode the JSON request, run one chunk, return a small JSON summary."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from pipeline.chunks.runtime import WorkerRuntime
 from pipeline.connect import connect
-from tasks.app import app
+from tasks.app import JsonResult, app
 
 _runtime: WorkerRuntime | None = None
 
@@ -25,6 +25,6 @@ def runtime(hostname: str) -> WorkerRuntime:
 
 
 @app.task(bind=True, name=COLLECT_CHUNK_TASK)
-def collect_chunk(self, **request: Any) -> dict[str, Any]:
+def collect_chunk(self, **request: Any) -> JsonResult:
     req = ChunkRequest.from_json(request)
-    return runtime(self.request.hostname or "worker").run_chunk(req)
+    return JsonResult(runtime(self.request.hostname or "worker").run_chunk(req))

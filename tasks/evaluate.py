@@ -8,15 +8,15 @@ from typing import Any
 from pipeline.connect import connect
 from pipeline.evaluation.request import EVALUATE_TASK, EvalRequest
 from pipeline.evaluation.runner import EvalRunner
-from tasks.app import app
+from tasks.app import JsonResult, app
 
 _runner: EvalRunner | None = None
 
 
 @app.task(bind=True, name=EVALUATE_TASK)
-def evaluate(self, **request: Any) -> dict[str, Any]:
+def evaluate(self, **request: Any) -> JsonResult:
     global _runner
     if _runner is None:  # one per worker process, created after any fork
         name = f"{self.request.hostname or 'worker'}:{os.getpid()}"
         _runner = EvalRunner(connect(app.conf.broker_url), name)
-    return _runner.run(EvalRequest.from_json(request))
+    return JsonResult(_runner.run(EvalRequest.from_json(request)))

@@ -1,5 +1,9 @@
 """Keeps enough `collect_chunk` tasks in flight for the worker processes that are alive, no more.
 
+A task carries `chunks_per_task` consecutive chunk ids: the worker runs them back to back, each
+with its own stop and sync check and stream entry, so Celery's fixed cost per task (a few ms of
+worker CPU) is paid once per task while staleness is still checked per chunk.
+
 Workers are counted from their heartbeat keys, so a `celery worker` started on a new VM mid-run
 gets chunks within a heartbeat. A chunk that has not arrived after `lost_after_s` is written off
 (its worker probably died; Celery will redeliver it later, and the ledger accepts it once).
@@ -18,8 +22,10 @@ from pipeline.roles import SendTask
 
 @dataclass(frozen=True)
 class DispatchConfig:
-    chunks_per_process: int = 2
+    tasks_per_process: int = 2
     """collect_chunk tasks kept in flight per live worker process (one running, one queued)"""
+    chunks_per_task: int = 1
+    """consecutive chunks one task collects (each with its own sync check and stream entry)"""
     lost_after_s: float = 30.0
     """seconds after which a chunk that has not arrived is written off and replaced"""
     slots_every_s: float = 0.5
@@ -43,6 +49,7 @@ class Dispatcher:
         self.next_id = 0
         self.in_flight: dict[int, float] = {}
         self.lost = 0
+        self.late = 0  # chunks that arrived after they had been written off
         self._slots = 0
         self._slots_at = -float("inf")
 
@@ -58,21 +65,31 @@ class Dispatcher:
     def pending_env_steps(self) -> int:
         return len(self.in_flight) * self.chunk_env_steps
 
+    @property
+    def task_env_steps(self) -> int:
+        """Env steps one task collects."""
+        return self.config.chunks_per_task * self.chunk_env_steps
+
     def top_up(self, epsilon: float, may_send: Callable[[int], bool]) -> int:
-        """Send chunks until each live process has its share or `may_send(pending)` says stop."""
+        """Send tasks until each live process has its share or `may_send(pending)` says stop;
+        returns the chunks sent."""
         now = self.clock()
         for chunk_id, sent in list(self.in_flight.items()):
             if now - sent > self.config.lost_after_s:
                 del self.in_flight[chunk_id]
                 self.lost += 1
-        target = self.config.chunks_per_process * self.slots()
+        per_task = self.config.chunks_per_task
+        target = self.config.tasks_per_process * per_task * self.slots()
         sent = 0
-        while len(self.in_flight) < target and may_send(self.pending_env_steps):
-            req = ChunkRequest(chunk_id=self.next_id, epsilon=round(epsilon, 6), **self.template)
+        while len(self.in_flight) + per_task <= target and may_send(self.pending_env_steps):
+            req = ChunkRequest(
+                chunk_id=self.next_id, chunks=per_task, epsilon=round(epsilon, 6), **self.template
+            )
             self.send(COLLECT_CHUNK_TASK, req.to_json())
-            self.in_flight[self.next_id] = now
-            self.next_id += 1
-            sent += 1
+            for chunk_id in range(self.next_id, self.next_id + per_task):
+                self.in_flight[chunk_id] = now
+            self.next_id += per_task
+            sent += per_task
         return sent
 
     def write_off_in_flight(self) -> int:
@@ -83,4 +100,5 @@ class Dispatcher:
         return count
 
     def arrived(self, chunk_id: int) -> None:
-        self.in_flight.pop(chunk_id, None)
+        if self.in_flight.pop(chunk_id, None) is None and chunk_id < self.next_id:
+            self.late += 1

@@ -9,11 +9,14 @@ from pipeline.sync.rules import DEFAULT_SYNC, parse_sync
 from pipeline.task_args import TaskArgs, TaskArgsError
 
 COLLECT_CHUNK_TASK = "clusterenv.collect_chunk"
+# A task stays short enough that a lost worker costs little and Celery's visibility timeout holds.
+MAX_CHUNKS_PER_TASK = 64
 
 
 @dataclass(frozen=True)
 class ChunkRequest(TaskArgs):
-    """One chunk of collection: which run, which env, how many steps, how to act and sync."""
+    """Chunks of collection: which run, which chunk ids, which env, how many steps, how to act
+    and sync. The task collects chunk ids `chunk_id` … `chunk_id + chunks - 1` back to back."""
 
     run_id: str
     chunk_id: int
@@ -26,12 +29,15 @@ class ChunkRequest(TaskArgs):
     max_lag_versions: int = 0
     max_lag_seconds: float = 0.0
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    chunks: int = 1
 
     def check(self) -> None:
         if self.num_envs < 1 or self.steps < 1:
             raise TaskArgsError(
                 f"num_envs and steps must be >= 1, got {self.num_envs}, {self.steps}"
             )
+        if not 1 <= self.chunks <= MAX_CHUNKS_PER_TASK:
+            raise TaskArgsError(f"chunks must be in [1, {MAX_CHUNKS_PER_TASK}], got {self.chunks}")
         if not 0.0 <= self.epsilon <= 1.0:
             raise TaskArgsError(f"epsilon must be in [0, 1], got {self.epsilon}")
         if self.max_lag_versions < 0 or not self.max_lag_seconds >= 0:  # NaN too

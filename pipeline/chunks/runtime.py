@@ -92,20 +92,32 @@ class WorkerRuntime:
         )
 
     def run_chunk(self, req: ChunkRequest) -> dict[str, Any]:
-        """Sync check, collect, write to the stream; returns the small summary Flower shows."""
-        if self.client.exists(RunKeys(req.run_id).stop):
-            self.runs.drop(req.run_id)
-            return {"chunk": req.chunk_id, "skipped": "run stopped"}
-        state = self.runs.get(req.run_id)
-        if state is None:
-            state = self._start_run(req)
-            self.runs.put(req.run_id, state)
-        return collect_chunk(state, req, self.worker_name)
+        """The request's chunks back to back, each with its own stop check, sync check and stream
+        entry; returns the small summary Flower shows."""
+        done: list[dict[str, Any]] = []
+        for chunk_id in range(req.chunk_id, req.chunk_id + req.chunks):
+            state = self.runs.get(req.run_id)
+            if state is None:
+                if self.client.exists(RunKeys(req.run_id).stop):
+                    return {**merge_summaries(req, done), "skipped": "run stopped"}
+                state = self._start_run(req)
+                self.runs.put(req.run_id, state)
+            summary = collect_chunk(state, req, chunk_id, self.worker_name)
+            if summary is None:  # the sync check found the run stopped
+                self.runs.drop(req.run_id)
+                return {**merge_summaries(req, done), "skipped": "run stopped"}
+            done.append(summary)
+        return merge_summaries(req, done)
 
 
-def collect_chunk(state: RunState, req: ChunkRequest, worker_name: str) -> dict[str, Any]:
-    """One chunk with a run's live state: sync check, act ε-greedily, write; the task's summary."""
+def collect_chunk(
+    state: RunState, req: ChunkRequest, chunk_id: int, worker_name: str
+) -> dict[str, Any] | None:
+    """One chunk with a run's live state: sync check (which also sees a stopped run: None),
+    act ε-greedily, write; its summary."""
     policy = state.weights.sync(req.epsilon)
+    if policy is None:
+        return None
     chunk = state.actor.collect(
         lambda obs: epsilon_greedy(policy(obs), req.epsilon, state.rng), req.steps
     )
@@ -113,7 +125,7 @@ def collect_chunk(state: RunState, req: ChunkRequest, worker_name: str) -> dict[
     counters = state.weights.counters_json()
     header = {
         "run": req.run_id,
-        "chunk": req.chunk_id,
+        "chunk": chunk_id,
         "worker": worker_name,
         "actor": state.actor_index,
         "policy_version": state.weights.version,
@@ -124,7 +136,7 @@ def collect_chunk(state: RunState, req: ChunkRequest, worker_name: str) -> dict[
     }
     nbytes = state.writer.write(header, chunk.arrays)
     return {
-        "chunk": req.chunk_id,
+        "chunk": chunk_id,
         "worker": worker_name,
         "steps": chunk.env_steps,
         "transitions": int(len(chunk.arrays["action"])),
@@ -133,3 +145,15 @@ def collect_chunk(state: RunState, req: ChunkRequest, worker_name: str) -> dict[
         "bytes": nbytes,
         **counters,
     }
+
+
+_SUMMED = ("steps", "transitions", "episodes_finished", "bytes")
+
+
+def merge_summaries(req: ChunkRequest, done: list[dict[str, Any]]) -> dict[str, Any]:
+    """One task's summary: sums over its chunks, the last chunk's version and (cumulative)
+    counters; `chunks_done` of the `chunks` asked for."""
+    merged: dict[str, Any] = dict(done[-1]) if done else {}
+    merged.update({key: sum(d[key] for d in done) for key in _SUMMED})
+    merged.update(chunk=req.chunk_id, chunks=req.chunks, chunks_done=len(done))
+    return merged

@@ -2,6 +2,9 @@
 
 from pipeline.remote_env import RemoteVectorEnv
 envs = RemoteVectorEnv("CartPole-v1", 8, redis_url="redis://HOST:6379/0")
+
+Stable-Baselines3: `from pipeline.remote_env.sb3 import RemoteSB3VecEnv` (not imported here, so
+nothing in pipeline needs stable-baselines3).
 """
 
 from pipeline.remote_env.group import PlacementError, RemoteEnvError, ShardTimeout

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
 from pipeline.cluster.celery_client import celery_client
 from pipeline.cluster.heartbeat import Heartbeat
@@ -28,6 +29,7 @@ from pipeline.remote_env.messages import (
     CLOSE,
     HELLO,
     HOST_SHARD_TASK,
+    EnvTarget,
     Message,
     RemoteEnvOptions,
     ShardSpec,
@@ -84,14 +86,14 @@ class ShardGroup:
     def __init__(
         self,
         redis_url: str,
-        env_id: str,
+        env: EnvTarget,
         num_envs: int,
-        env_kwargs: dict[str, Any],
         shards: int | None,
         options: RemoteEnvOptions,
+        autoreset: AutoresetMode = AutoresetMode.NEXT_STEP,
     ):
-        self.redis_url, self.env_id, self.num_envs = redis_url, env_id, num_envs
-        self.env_kwargs, self.options = env_kwargs, options
+        self.redis_url, self.env, self.num_envs = redis_url, env, num_envs
+        self.env_id, self.options, self.autoreset = env.env_id, options, autoreset
         self.timeout_s, self.placement_timeout_s = options.timeout_s, options.placement_timeout_s
         self.session = uuid.uuid4().hex[:12]
         self.replies = remote_env_replies(self.session)
@@ -137,7 +139,8 @@ class ShardGroup:
             self.next_id += 1
             spec = ShardSpec(
                 self.session, ref.id, self.env_id, envs, self.options.heartbeat_ttl_s,
-                self.options.idle_timeout_s, self.env_kwargs,
+                self.options.idle_timeout_s, self.env.env_kwargs, self.env.env_spec,
+                self.autoreset.value, self.options.note_types,
             )  # fmt: skip
             self.celery.send_task(HOST_SHARD_TASK, kwargs=spec.to_json())
             self.retired.append(ref)  # until its hello arrives; close() reaches it either way

@@ -1,14 +1,16 @@
-"""What the remote env's client and its shards say to each other: options, task args, messages, spaces."""
+"""What the remote env's client and its shards say to each other: options, task args, messages."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.vector import AutoresetMode
 
 from pipeline.codec import CodecError, decode_tree, encode_tree, pack_message, unpack_message
 from pipeline.task_args import TaskArgs, TaskArgsError
@@ -17,8 +19,12 @@ HOST_SHARD_TASK = "clusterenv.host_shard"
 ECHO_TASK = "clusterenv.echo"
 
 # Request ops (client → shard); a reply echoes the op and the request's sequence number.
-HELLO, RESET, STEP, ADOPT, CLOSE = "hello", "reset", "step", "adopt", "close"
-OPS = frozenset({HELLO, RESET, STEP, ADOPT, CLOSE})
+HELLO, RESET, STEP, ADOPT, CALL, CLOSE = "hello", "reset", "step", "adopt", "call", "close"
+OPS = frozenset({HELLO, RESET, STEP, ADOPT, CALL, CLOSE})
+# What a CALL asks of each env: read an attribute, set one, call a method, test for a wrapper.
+CALL_KINDS = frozenset({"get", "set", "call", "wrapped"})
+# The autoreset modes a shard can run (gymnasium.vector.AutoresetMode values).
+AUTORESET_MODES = (AutoresetMode.NEXT_STEP.value, AutoresetMode.SAME_STEP.value)
 
 
 @dataclass(frozen=True)
@@ -33,12 +39,43 @@ class RemoteEnvOptions:
     """a shard whose heartbeat is this old counts as lost (its worker died); its envs move"""
     idle_timeout_s: float = 300.0
     """a shard with no request for this long exits and frees its worker"""
+    note_types: bool = False
+    """shards note which Python / numpy type each value had (RemoteEnv returns those types;
+    a vector env batches into arrays anyway, so it skips the cost: ~10 µs per env step)"""
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "placement_timeout_s", "heartbeat_ttl_s", "idle_timeout_s"):
             # Finite too: the shard's task arguments (ShardSpec) refuse NaN and infinity.
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be positive and finite, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class EnvTarget:
+    """What each shard makes: a registered id, or a whole EnvSpec (wrappers included) as JSON."""
+
+    env_id: str
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    env_spec: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, env: str | EnvSpec, env_kwargs: Mapping[str, Any] | None = None) -> EnvTarget:
+        """The target of `env`; an EnvSpec that cannot travel as JSON raises ValueError naming why."""
+        kwargs = dict(env_kwargs or {})
+        if isinstance(env, str):
+            return cls(env, kwargs)
+        if not isinstance(env, EnvSpec):
+            raise TypeError(f"env must be an env id or a gymnasium EnvSpec, got {type(env)}")
+        try:
+            # to_json refuses callables (a lambda entry point or wrapper argument) itself.
+            text = env.to_json()
+            EnvSpec.from_json(text)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"the EnvSpec of {env.id!r} cannot travel to the workers as JSON: {exc}. Register "
+                f"entry points and wrappers by 'module:Name' strings with JSON keyword arguments"
+            ) from exc
+        return cls(env.id, kwargs, json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -52,10 +89,18 @@ class ShardSpec(TaskArgs):
     heartbeat_ttl_s: float
     idle_timeout_s: float
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    env_spec: dict[str, Any] | None = None
+    """a gymnasium EnvSpec as the JSON object of EnvSpec.to_json(); made instead of `env_id`"""
+    autoreset: str = AutoresetMode.NEXT_STEP.value
+    note_types: bool = False
 
     def check(self) -> None:
         if not self.env_indices:
             raise TaskArgsError("ShardSpec.env_indices must not be empty")
+        if self.autoreset not in AUTORESET_MODES:
+            raise TaskArgsError(
+                f"ShardSpec.autoreset must be one of {AUTORESET_MODES}, got {self.autoreset!r}"
+            )
         if self.heartbeat_ttl_s <= 0 or self.idle_timeout_s <= 0:
             raise TaskArgsError(
                 f"ShardSpec timeouts must be positive, got heartbeat_ttl_s={self.heartbeat_ttl_s}, "
@@ -124,39 +169,6 @@ def unpack(blob: bytes) -> Message:
     header.pop("v", None)
     header.pop("arrays", None)
     return Message(op, seq, envs, tree, arrays, header, shard)
-
-
-# --- Spaces: the client learns them from the shard, so it never needs the simulator itself ---
-
-
-def space_to_tree(space: gym.Space) -> dict[str, Any]:
-    """JSON-tree form of a flat array space; anything else is named so the client can refuse it."""
-    if isinstance(space, gym.spaces.Box):
-        return {"type": "Box", "low": space.low, "high": space.high, "dtype": space.dtype.str}
-    if isinstance(space, gym.spaces.Discrete):
-        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return {"type": "MultiDiscrete", "nvec": space.nvec, "start": space.start}
-    if isinstance(space, gym.spaces.MultiBinary):
-        return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
-    return {"type": "unsupported", "repr": repr(space)}
-
-
-def space_from_tree(tree: Mapping[str, Any]) -> gym.Space:
-    """The space `space_to_tree` described; raises NotImplementedError for unsupported kinds."""
-    kind = tree.get("type")
-    if kind == "Box":
-        return gym.spaces.Box(low=tree["low"], high=tree["high"], dtype=np.dtype(tree["dtype"]))
-    if kind == "Discrete":
-        return gym.spaces.Discrete(tree["n"], start=tree["start"])
-    if kind == "MultiDiscrete":
-        return gym.spaces.MultiDiscrete(tree["nvec"], start=tree["start"])
-    if kind == "MultiBinary":
-        return gym.spaces.MultiBinary(tree["n"])
-    raise NotImplementedError(
-        f"the remote env carries Box, Discrete, MultiDiscrete and MultiBinary spaces, "
-        f"not {tree.get('repr', kind)}"
-    )
 
 
 def jsonable_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:

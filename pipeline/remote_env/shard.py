@@ -18,12 +18,16 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import redis
+from gymnasium.envs.registration import EnvSpec
+from gymnasium.vector import AutoresetMode
 
 from pipeline.cluster.heartbeat import Heartbeat
 from pipeline.codec import CodecError
 from pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
 from pipeline.remote_env.messages import (
     ADOPT,
+    CALL,
+    CALL_KINDS,
     CLOSE,
     HELLO,
     RESET,
@@ -33,9 +37,9 @@ from pipeline.remote_env.messages import (
     jsonable_metadata,
     pack,
     request_problem,
-    space_to_tree,
     unpack,
 )
+from pipeline.remote_env.spaces import Rows, from_leaves, leaf_spaces, space_to_tree
 
 # How long one BLPOP waits before the loop looks at its exit conditions again.
 POLL_S = 1.0
@@ -53,6 +57,25 @@ def _error(env: int, where: str, exc: BaseException) -> dict[str, Any]:
         "message": str(exc),
         "traceback": traceback.format_exc()[-TRACEBACK_CHARS:],
     }
+
+
+def _call_one(env: gym.Env, req: dict[str, Any], j: int) -> Any:
+    """One env's answer to a CALL request (see RemoteVectorEnv.call / get_attr / set_attr)."""
+    kind, name = req["kind"], req["name"]
+    if kind == "get":
+        return env.get_wrapper_attr(name)
+    if kind == "set":
+        env.set_wrapper_attr(name, req["values"][j])
+        return None
+    if kind == "call":
+        attr = env.get_wrapper_attr(name)
+        return attr(*req.get("args", ()), **req.get("kwargs", {})) if callable(attr) else attr
+    # "wrapped": is a wrapper of the class named "module:qualname" in the env's stack?
+    while isinstance(env, gym.Wrapper):
+        if name in {f"{c.__module__}:{c.__qualname__}" for c in type(env).__mro__}:
+            return True
+        env = env.env
+    return False
 
 
 class ShardLiveness:
@@ -83,15 +106,25 @@ class Shard:
         self.replies = remote_env_replies(spec.session)
         self.envs: dict[int, gym.Env] = {}
         self.needs_reset: dict[int, bool] = {}
-        self.last_obs: dict[int, np.ndarray] = {}
+        self.last_obs: dict[int, Any] = {}
         self.obs_space: gym.Space | None = None
+        self.action_space: gym.Space | None = None
+        self.action_leaves: list[gym.Space] = []
+        self.same_step = spec.autoreset == AutoresetMode.SAME_STEP.value
         self.steps = 0
+
+    def _make_one(self) -> gym.Env:
+        spec = self.spec
+        if spec.env_spec is None:
+            return gym.make(spec.env_id, **spec.env_kwargs)
+        # The user's whole EnvSpec, wrapper stack included; it came as JSON, never pickled.
+        return gym.make(EnvSpec.from_json(json.dumps(spec.env_spec)), **spec.env_kwargs)
 
     def _make(self, indices: list[int]) -> list[dict[str, Any]]:
         errors = []
         for i in indices:
             try:
-                env = gym.make(self.spec.env_id, **self.spec.env_kwargs)
+                env = self._make_one()
             except Exception as exc:
                 errors.append(_error(i, "make", exc))
                 continue
@@ -99,7 +132,8 @@ class Shard:
             # A fresh env (first placement or adopted after a lost worker) resets on its next step.
             self.needs_reset[i] = True
             if self.obs_space is None:
-                self.obs_space = env.observation_space
+                self.obs_space, self.action_space = env.observation_space, env.action_space
+                self.action_leaves = leaf_spaces(env.action_space)
         return errors
 
     def _blob(self, msg: Message) -> bytes:
@@ -115,51 +149,96 @@ class Shard:
         pipe.blpop([self.keys.requests], timeout=POLL_S)
         return pipe.execute()[1]
 
-    def _rows(self, n: int) -> np.ndarray:
-        space = self.obs_space
-        return np.zeros((n, *space.shape), dtype=space.dtype)
-
     def reset(self, msg: Message) -> Message:
         seeds = msg.extra.get("seeds") or [None] * len(msg.envs)
-        obs, infos, errors = self._rows(len(msg.envs)), [], []
+        rows, infos, errors = Rows(self.obs_space, len(msg.envs), self.spec.note_types), [], []
         for j, (i, seed) in enumerate(zip(msg.envs, seeds, strict=True)):
             info: dict[str, Any] = {}
             try:
-                obs[j], info = self.envs[i].reset(seed=seed, options=msg.tree)
+                obs, info = self.envs[i].reset(seed=seed, options=msg.tree)
                 self.needs_reset[i] = False
             except Exception as exc:
                 errors.append(_error(i, "reset", exc))
-            self.last_obs[i] = obs[j]
+                obs = self.last_obs.get(i, self.obs_space.sample())
+            rows.put(j, obs)
+            self.last_obs[i] = obs
             infos.append(info)
-        tree = infos if any(infos) else None  # most envs return empty infos: send nothing
-        return Message(RESET, msg.seq, msg.envs, tree, {"obs": obs}, {"errors": errors})
+        return rows.message(RESET, msg, infos, errors)
+
+    def _step_one(self, i: int, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        env = self.envs[i]
+        if self.needs_reset[i]:
+            # NEXT_STEP autoreset, exactly as SyncVectorEnv: the step after a done resets.
+            obs, info = env.reset()
+            self.needs_reset[i] = False
+            return obs, 0.0, False, False, info
+        obs, reward, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            if self.same_step:
+                # SAME_STEP, as SyncVectorEnv: the final obs and info ride in the reset's info.
+                final = {"final_obs": obs, "final_info": info}
+                obs, info = env.reset()
+                info = {**info, **final}
+            else:
+                self.needs_reset[i] = True
+        return obs, reward, terminated, truncated, info
+
+    def _end_failed(self, i: int) -> tuple[Any, dict[str, Any]]:
+        """Env i raised in step: its state is unknown, so its episode ends (truncated); obs, info."""
+        last = self.last_obs.get(i)
+        if last is None:
+            last = self.obs_space.sample()
+        self.needs_reset[i] = True
+        if not self.same_step:
+            return last, {}
+        final = {"final_obs": last, "final_info": {}}
+        try:  # SAME_STEP: the next episode starts in this step, as after any other end
+            obs, info = self.envs[i].reset()
+        except Exception:  # the step's error is reported; the reset is tried again next step
+            return last, final
+        self.needs_reset[i] = False
+        return obs, {**info, **final}
 
     def step(self, msg: Message) -> Message:
-        actions = msg.arrays["action"].copy()  # writable: some envs clip their action in place
+        # Writable copies: some envs clip their action in place.
+        actions = [msg.arrays[f"action{k}"].copy() for k in range(len(self.action_leaves))]
         n = len(msg.envs)
-        obs, reward = self._rows(n), np.zeros(n, dtype=np.float64)
+        rows, reward = Rows(self.obs_space, n, self.spec.note_types), np.zeros(n, dtype=np.float64)
         terminated, truncated = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         infos, errors = [], []
         for j, i in enumerate(msg.envs):
-            env, info = self.envs[i], {}
+            action = from_leaves(self.action_space, iter([a[j] for a in actions]))
             try:
-                # NEXT_STEP autoreset, exactly as SyncVectorEnv: the step after a done resets.
-                if self.needs_reset[i]:
-                    obs[j], info = env.reset()
-                else:
-                    obs[j], reward[j], terminated[j], truncated[j], info = env.step(actions[j])
-                self.needs_reset[i] = bool(terminated[j] or truncated[j])
+                obs, r, term, trunc, info = self._step_one(i, action)
             except Exception as exc:
-                # The env's state is unknown now: end its episode (truncated) and reset it next.
                 errors.append(_error(i, "step", exc))
-                obs[j] = self.last_obs.get(i, obs[j])
-                truncated[j], self.needs_reset[i] = True, True
-            self.last_obs[i] = obs[j]
+                obs, info = self._end_failed(i)
+                r, term, trunc = 0.0, False, True
+            reward[j], terminated[j], truncated[j] = r, term, trunc
+            rows.put(j, obs, r, term, trunc)
+            self.last_obs[i] = obs
             infos.append(info)
         self.steps += 1
-        arrays = {"obs": obs, "reward": reward, "terminated": terminated, "truncated": truncated}
-        tree = infos if any(infos) else None
-        return Message(STEP, msg.seq, msg.envs, tree, arrays, {"errors": errors})
+        columns = {"reward": reward, "terminated": terminated, "truncated": truncated}
+        return rows.message(STEP, msg, infos, errors, **columns)
+
+    def call(self, msg: Message) -> Message:
+        """Read, set or call an attribute of each env, or ask whether a wrapper class wraps it."""
+        req = msg.tree
+        if not (
+            isinstance(req, dict)
+            and req.get("kind") in CALL_KINDS
+            and isinstance(req.get("name"), str)
+        ):
+            return Message(CALL, msg.seq, msg.envs, extra={"fatal": f"bad call request {req!r}"})
+        results, errors = [], []
+        for j, i in enumerate(msg.envs):
+            try:
+                results.append(_call_one(self.envs[i], req, j))
+            except Exception as exc:
+                errors.append(_error(i, f"{req['kind']} {req['name']}", exc))
+                results.append(None)
+        return Message(CALL, msg.seq, msg.envs, results, extra={"errors": errors})
 
     def handle(self, msg: Message) -> Message:
         unknown = [i for i in msg.envs if i not in self.envs and msg.op != ADOPT]
@@ -169,9 +248,15 @@ class Shard:
         if problem is not None:
             return Message(msg.op, msg.seq, msg.envs, extra={"fatal": f"bad request: {problem}"})
         if msg.op == STEP:
+            want = {f"action{k}": (len(msg.envs),) for k in range(len(self.action_leaves))}
+            if any(msg.arrays.get(k, np.zeros(0)).shape[:1] != n for k, n in want.items()):
+                got = {k: a.shape for k, a in msg.arrays.items()}
+                return Message(STEP, msg.seq, msg.envs, extra={"fatal": f"bad actions {got}"})
             return self.step(msg)
         if msg.op == RESET:
             return self.reset(msg)
+        if msg.op == CALL:
+            return self.call(msg)
         return Message(ADOPT, msg.seq, msg.envs, extra={"errors": self._make(msg.envs)})
 
     def hello(self, errors: list[dict[str, Any]]) -> Message:
@@ -183,6 +268,7 @@ class Shard:
                 "observation_space": space_to_tree(env.observation_space),
                 "action_space": space_to_tree(env.action_space),
                 "metadata": jsonable_metadata(env.metadata),
+                "render_mode": env.render_mode if isinstance(env.render_mode, str) else None,
             }
         return Message(HELLO, 0, self.spec.env_indices, tree, extra=extra)
 

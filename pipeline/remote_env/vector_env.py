@@ -10,42 +10,51 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from pipeline.cluster.embedded import Stack
 from pipeline.remote_env.columns import Batch, ShardColumns
 from pipeline.remote_env.group import RemoteEnvError, ShardGroup
-from pipeline.remote_env.messages import RemoteEnvOptions, space_from_tree
+from pipeline.remote_env.messages import EnvTarget, RemoteEnvOptions
+from pipeline.remote_env.spaces import from_leaves, leaf_spaces, leaves, restore, space_from_tree
 
 
 class RemoteVectorEnv(gym.vector.VectorEnv):
-    """`num_envs` copies of `env_id` spread over the workers; autoresets NEXT_STEP as SyncVectorEnv.
+    """`num_envs` copies of an env spread over the workers; autoresets as SyncVectorEnv.
 
+    `env_id` is a registered id or a gymnasium EnvSpec (its wrapper stack is made on the workers).
     Column i is always the same env. `reset(seed=s)` seeds env i with s + i, so trajectories equal
-    a local SyncVectorEnv's. An env whose worker dies is rebuilt on a surviving worker and reports
-    `truncated=True` with `infos["worker_lost"]` for that step. An env that raises makes `step`
-    raise RemoteEnvError (its `result` holds the other envs' step, the failed one truncated).
-    Keyword `options` are the fields of RemoteEnvOptions (timeouts, heartbeat TTL).
+    a local SyncVectorEnv's, in its NEXT_STEP or SAME_STEP `autoreset_mode`. An env whose worker
+    dies is rebuilt on a surviving worker and reports `truncated=True` with `infos["worker_lost"]`
+    for that step. An env that raises makes `step` raise RemoteEnvError (its `result` holds the
+    other envs' step, the failed one truncated). Keyword `options` are the fields of
+    RemoteEnvOptions (timeouts, heartbeat TTL).
     """
 
     def __init__(
         self,
-        env_id: str,
+        env_id: str | EnvSpec,
         num_envs: int,
         *,
         redis_url: str | None = None,
         env_kwargs: dict[str, Any] | None = None,
         shards: int | None = None,
-        **options: float,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        **options: Any,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        opts = RemoteEnvOptions(**options)
+        mode = AutoresetMode(autoreset_mode)
+        if mode == AutoresetMode.DISABLED:
+            raise ValueError("RemoteVectorEnv autoresets NEXT_STEP or SAME_STEP, not DISABLED")
+        opts, target = RemoteEnvOptions(**options), EnvTarget.of(env_id, env_kwargs)
         self._stack: Stack | None = None
         self._group: ShardGroup | None = None
         if redis_url is None:
@@ -53,9 +62,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             self._stack = Stack(None, workers=shards).__enter__()
             redis_url = self._stack.redis_url
         try:
-            self._group = ShardGroup(
-                redis_url, env_id, num_envs, dict(env_kwargs or {}), shards, opts
-            )
+            self._group = ShardGroup(redis_url, target, num_envs, shards, opts, mode)
             self._columns = ShardColumns(self._group)
             hello = self._columns.start()
             self.single_observation_space = space_from_tree(hello["observation_space"])
@@ -63,13 +70,12 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         except BaseException:
             self.close_extras()
             raise
-        obs_space = self.single_observation_space
-        self._columns.set_obs_space(obs_space.shape, obs_space.dtype)
-        self.env_id, self.redis_url, self.num_envs = env_id, redis_url, num_envs
-        self.observation_space = batch_space(obs_space, num_envs)
+        self._columns.obs_space = self.single_observation_space
+        self.env_id, self.redis_url, self.num_envs = target.env_id, redis_url, num_envs
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
-        self.metadata = {**hello.get("metadata", {}), "autoreset_mode": AutoresetMode.NEXT_STEP}
-        self.render_mode = None
+        self.metadata = {**hello.get("metadata", {}), "autoreset_mode": mode}
+        self.render_mode = hello.get("render_mode")
         self._needs_reset = True
 
     @property
@@ -94,11 +100,16 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
-        batch = self._reset_batch(seed, options)
-        return batch.obs, self._vector_infos(batch)
+    ) -> tuple[Any, dict[str, Any]]:
+        batch = self.reset_batch(seed, options)
+        return self.observations(batch), self._vector_infos(batch)
 
-    def _reset_batch(self, seed: int | list[int | None] | None, options: dict | None) -> Batch:
+    def observations(self, batch: Batch) -> Any:
+        """The batched observation: an array, or a dict / tuple of arrays as batch_space lays out."""
+        return from_leaves(self.single_observation_space, iter(batch.obs_leaves))
+
+    def reset_batch(self, seed: int | list[int | None] | None, options: dict | None) -> Batch:
+        """reset() as a Batch: per-env infos and the types the envs returned (for adapters)."""
         n = self.num_envs
         if seed is None:
             seeds: list[int | None] = [None] * n
@@ -119,31 +130,45 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
             envs = np.flatnonzero(mask).tolist()
         batch = self._columns.reset(envs, [seeds[i] for i in envs], options)
         if batch.errors:
-            self._raise_errors(batch, batch.obs, self._vector_infos(batch))
+            self._raise_errors(batch.errors, self.observations(batch), self._vector_infos(batch))
         self._needs_reset = False
         return batch
 
-    def step(
-        self, actions: Any
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        batch = self._step_batch(actions)
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        batch = self.step_batch(actions)
         return (
-            batch.obs, batch.rewards, batch.terminated, batch.truncated, self._vector_infos(batch)
+            self.observations(batch), batch.rewards, batch.terminated, batch.truncated,
+            self._vector_infos(batch),
         )  # fmt: skip
 
-    def _step_batch(self, actions: Any) -> Batch:
+    def step_batch(self, actions: Any) -> Batch:
+        """step() as a Batch: per-env infos and the types the envs returned (for adapters)."""
         if self._needs_reset:
             raise gym.error.ResetNeeded("call reset() before step() on a RemoteVectorEnv")
         batch = self._columns.step(self._checked(actions))
         if batch.errors:
-            result = (batch.obs, batch.rewards, batch.terminated, batch.truncated)
-            self._raise_errors(batch, *result, self._vector_infos(batch))
+            result = (self.observations(batch), batch.rewards, batch.terminated, batch.truncated)
+            self._raise_errors(batch.errors, *result, self._vector_infos(batch))
         return batch
 
-    def _checked(self, actions: Any) -> np.ndarray:
-        """The actions as the space's dtype, or a clear error before anything is sent."""
-        space, n = self.single_action_space, self.num_envs
-        a = np.asarray(actions)
+    def _checked(self, actions: Any) -> list[np.ndarray]:
+        """The actions as one array per leaf of the space, or a clear error before anything is sent."""
+        space = self.single_action_space
+        try:
+            given = leaves(space, actions)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise ValueError(
+                f"actions do not fit the batched action space {self.action_space}: {exc!r}"
+            ) from None
+        checked = []
+        for leaf, batched, a in zip(
+            leaf_spaces(space), leaf_spaces(self.action_space), given, strict=True
+        ):
+            checked.append(self._checked_leaf(leaf, batched, np.asarray(a)))
+        return checked
+
+    def _checked_leaf(self, space: gym.Space, batched: gym.Space, a: np.ndarray) -> np.ndarray:
+        n = self.num_envs
         if a.shape != (n, *space.shape):
             raise ValueError(
                 f"actions have shape {a.shape}, expected {(n, *space.shape)} "
@@ -156,7 +181,7 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         if isinstance(space, gym.spaces.Discrete):  # the common case, checked in one pass
             inside = bool(np.all((a >= space.start) & (a < space.start + space.n)))
         else:
-            inside = self.action_space.contains(a)
+            inside = batched.contains(a)
         if not inside:
             for i in range(n):
                 if not space.contains(a[i]):
@@ -165,15 +190,15 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
                     )
         return a
 
-    def _raise_errors(self, batch: Batch, *result: Any) -> None:
-        first = batch.errors[0]
-        others = f" (and {len(batch.errors) - 1} more)" if len(batch.errors) > 1 else ""
+    def _raise_errors(self, errors: list[dict[str, Any]], *result: Any) -> None:
+        first = errors[0]
+        others = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise RemoteEnvError(
             f"env {first['env']} ({self.env_id}, shard {first['shard']} on {first['worker']}) "
             f"raised in {first['where']}(): {first['type']}: {first['message']}{others}; "
             f"the other envs went on. Remote traceback:\n{first['traceback']}",
-            batch.errors,
-            result=tuple(result),
+            errors,
+            result=tuple(result) or None,
         )
 
     def _vector_infos(self, batch: Batch) -> dict[str, Any]:
@@ -184,6 +209,41 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
         for err in batch.errors:
             infos = self._add_info(infos, {"env_error": True}, err["env"])
         return infos
+
+    # --- Attributes and methods of the remote envs, as SyncVectorEnv's call / get_attr / set_attr ---
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method `name` of every env (or read it, if not callable); results per env.
+
+        Arguments and results travel as the info codec carries them: JSON, numpy values, lists,
+        tuples and dicts; any other result arrives as its repr() string.
+        """
+        request = {"kind": "call", "name": name, "args": list(args), "kwargs": kwargs}
+        return tuple(self.remote_call(request, range(self.num_envs)))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Attribute `name` of every env (through its wrappers, as get_wrapper_attr)."""
+        return tuple(self.remote_call({"kind": "get", "name": name}, range(self.num_envs)))
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """Set attribute `name` of every env: one value for all, or a list of one per env."""
+        if not isinstance(values, list | tuple):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(f"{len(values)} values given for num_envs={self.num_envs}")
+        self.remote_call({"kind": "set", "name": name}, range(self.num_envs), list(values))
+
+    def remote_call(
+        self, request: dict[str, Any], envs: Iterable[int], values: list[Any] | None = None
+    ) -> list[Any]:
+        """Each of `envs`' answer to a CALL request; AttributeError / RemoteEnvError as they raised."""
+        results, errors = self._columns.call(list(envs), request, values)
+        if errors:
+            first = errors[0]
+            if first["type"] == "AttributeError":
+                raise AttributeError(f"env {first['env']} ({self.env_id}): {first['message']}")
+            self._raise_errors(errors)
+        return results
 
     def close_extras(self, **kwargs: Any) -> None:
         try:
@@ -203,29 +263,51 @@ class RemoteVectorEnv(gym.vector.VectorEnv):
 
 
 class RemoteEnv(gym.Env):
-    """One remote env, a thin wrapper on a one-column RemoteVectorEnv; passes check_env."""
+    """One remote env, a thin wrapper on a one-column RemoteVectorEnv; returns the local env's types."""
 
-    def __init__(self, env_id: str, *, redis_url: str | None = None, **options: Any):
-        self._vec = RemoteVectorEnv(env_id, 1, redis_url=redis_url, shards=1, **options)
+    def __init__(
+        self,
+        env_id: str | EnvSpec,
+        *,
+        redis_url: str | None = None,
+        env_kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ):
+        self._vec = RemoteVectorEnv(
+            env_id, 1, redis_url=redis_url, env_kwargs=env_kwargs, shards=1, note_types=True,
+            **options,
+        )  # fmt: skip
         self.observation_space = self._vec.single_observation_space
         self.action_space = self._vec.single_action_space
         self.metadata = {k: v for k, v in self._vec.metadata.items() if k != "autoreset_mode"}
         self.metadata.setdefault("render_modes", [])
-        self.render_mode = None
+        self.render_mode = self._vec.render_mode
+        self._n_leaves = len(leaf_spaces(self.observation_space))
+
+    def _restored(self, batch: Batch, *columns: np.ndarray) -> list[Any]:
+        """Row 0's observation and `columns` as the types the env returned (noted by the shard)."""
+        n = self._n_leaves
+        # No kinds (a lost worker's row): the batch's numpy values as they are.
+        kinds = batch.kinds[0] + [""] * (n + len(columns) - len(batch.kinds[0]))
+        obs = [restore(a[0], kinds[k]) for k, a in enumerate(batch.obs_leaves)]
+        rest = [restore(c[0], kinds[n + k]) for k, c in enumerate(columns)]
+        return [from_leaves(self.observation_space, iter(obs)), *rest]
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[np.ndarray, dict[str, Any]]:
+    ) -> tuple[Any, dict[str, Any]]:
         super().reset(seed=seed)  # seeds the local np_random, as Env.reset promises
-        batch = self._vec._reset_batch(seed, options)
-        return batch.obs[0], batch.infos[0]
+        batch = self._vec.reset_batch(seed, options)
+        return self._restored(batch)[0], batch.infos[0]
 
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        batch = self._vec._step_batch(np.asarray(action)[None])
-        return (
-            batch.obs[0], float(batch.rewards[0]), bool(batch.terminated[0]),
-            bool(batch.truncated[0]), batch.infos[0],
-        )  # fmt: skip
+    def step(self, action: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        space = self.action_space
+        one = [np.asarray(a)[None] for a in leaves(space, action)]
+        batch = self._vec.step_batch(from_leaves(space, iter(one)))
+        obs, reward, terminated, truncated = self._restored(
+            batch, batch.rewards, batch.terminated, batch.truncated
+        )
+        return obs, reward, terminated, truncated, batch.infos[0]
 
     def close(self) -> None:
         self._vec.close()

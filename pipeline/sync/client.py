@@ -1,6 +1,7 @@
 """Worker side of weight sync: hold one policy version and run the per-chunk sync check.
 
-Per chunk the client reads `latest` and whether its own version is still stored (one round trip);
+Per chunk the client reads `latest`, whether its own version is still stored and whether the run
+has stopped (one round trip);
 its rule then decides whether to fetch the full weights. APS rules first read the newer version's
 probe (and the reference states it was computed on, when they changed) to measure divergence.
 """
@@ -68,25 +69,31 @@ class RedisWeightClient:
         self.policy: NumpyMLP | None = None
         self.steps_since_fetch = 0
         self.own_version_stored = True
+        self.run_stopped = False
         self.last_divergence: float | None = None
         self.counters = SyncCounters()
         self.rejected_reasons: dict[str, int] = {}
         self._fetched_at = time.monotonic()
         self._reference: tuple[int, np.ndarray] | None = None
 
-    def sync(self, epsilon: float) -> NumpyMLP:
-        """The per-chunk sync check; returns the policy to act with for the next chunk."""
+    def sync(self, epsilon: float) -> NumpyMLP | None:
+        """The per-chunk sync check; returns the policy to act with for the next chunk, or None
+        (and `run_stopped` set) when the run has ended."""
         pipe = self.client.pipeline(transaction=False)
+        pipe.exists(self.keys.stop)
         pipe.get(self.keys.weights_latest)
         if self.version is not None:
             pipe.exists(self.keys.weights(self.version))
         replies = pipe.execute()
         self.counters.version_checks += 1
         self.last_divergence = None
-        if replies[0] is None:
+        self.run_stopped = bool(replies[0])
+        if self.run_stopped:
+            return None
+        if replies[1] is None:
             raise RuntimeError(f"run {self.keys.run_id!r} has published no weights")
-        latest = int(replies[0])
-        self.own_version_stored = bool(replies[1]) if len(replies) > 1 else False
+        latest = int(replies[1])
+        self.own_version_stored = bool(replies[2]) if len(replies) > 2 else False
         if self.policy is None or self.rule.should_fetch(self, latest, epsilon):
             self._fetch(latest)
         assert self.policy is not None

@@ -1,4 +1,4 @@
-"""Flower, started as the docs say, lists chunk tasks with their arguments and result summary."""
+"""Flower, started as the docs say, lists chunk tasks with their arguments and a JSON result summary."""
 
 from __future__ import annotations
 
@@ -42,4 +42,6 @@ def test_flower_shows_chunks(redis_url, workers, celery_app, client, run_id):
             mine = [t for t in tasks if run_id in (t.get("kwargs") or "")]
         for t in mine:
             assert "'steps': 5" in t["kwargs"]
-            assert "'episodes_finished':" in t["result"] and "'policy_version': 0" in t["result"]
+            result = json.loads(t["result"])  # the result summary reads as JSON
+            assert result["steps"] == 10 and result["policy_version"] == 0, result
+            assert {"episodes_finished", "weight_fetches", "bytes"} <= set(result), result

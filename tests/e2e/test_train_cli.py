@@ -24,6 +24,7 @@ from learner.metrics import read_metrics
 from pipeline.cluster.embedded import LocalWorkers
 from pipeline.sync.rules import DEFAULT_SYNC
 from tests.servers import PrivateRedis
+from tests.tfevents import read_scalars
 
 CLI = [sys.executable, "-m", "learner.cli"]
 
@@ -143,8 +144,18 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
     assert summary["ingest"]["rejected"] == 0
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert rows and all("eval/return_mean" in r for r in rows)
+    # TensorBoard beside it: every numeric key of the rows, at the same env steps and values.
+    scalars = read_scalars(run_dir)
+    for key in ("eval/return_mean", "learner/updates", "pipeline/weight_fetches"):
+        expected = [(r["env_steps"], pytest.approx(r[key])) for r in rows if r.get(key) is not None]
+        assert scalars[key] == expected, key
+    assert set(scalars) == {k for r in rows for k, v in r.items() if v is not None} - {"env_steps"}
     assert len(tree.seen) >= 3  # server and two workers were seen below the CLI
     assert_no_survivors(mark, tree)
+    # The run's checkpoint plays back locally.
+    out = subprocess.run(CLI + ["eval", str(run_dir), "--episodes", "2"], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0 and "over 2 episodes" in out.stdout, out.stderr
 
 
 @pytest.mark.slow
@@ -324,6 +335,10 @@ def test_workers_on_a_given_broker_and_one_started_mid_run(redis_url, workers, t
             assert proc.poll() is None and time.monotonic() < deadline, _text(late_log)[-2000:]
             time.sleep(0.5)
         time.sleep(1.0)  # let its chunks reach the learner
+        # An operator sees the run's progress from the broker alone.
+        run_id = only_run_dir(tmp_path).name
+        (status,) = [s for s in broker_statuses(redis_url) if s["run_id"] == run_id]
+        assert status["state"] == "running" and status["env_steps"] > 0, status
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -331,10 +346,19 @@ def test_workers_on_a_given_broker_and_one_started_mid_run(redis_url, workers, t
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
+    (status,) = [s for s in broker_statuses(redis_url) if s["run_id"] == run_id]
+    assert status["state"] == "interrupted", status
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
     names = list(summary["sync_per_worker"])
     assert any(late.tag in n for n in names), names  # the learner ingested the late worker's chunks
     assert len(names) == 3
+
+
+def broker_statuses(redis_url: str) -> list[dict]:
+    out = subprocess.run(CLI + ["status", "--redis-url", redis_url, "--json"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 def _text(path: Path) -> str:
@@ -406,3 +430,20 @@ def test_help_explains_every_flag():
         assert text, f"{name} has no docstring"
         assert f"--{name.replace('_', '-')}" in words
         assert " ".join(text.split()[:3]) in words, name
+    # One default per flag: an unset setting says what it means once, not "unset: …" and then
+    # "(default: None)" as well.
+    assert words.count("(default") == len(docs)
+    assert "(default: None)" not in words and "unset" not in words
+
+
+def test_workers_that_never_start_give_one_line(tmp_path):
+    # A setting the workers cannot read (celeryconfig parses it at import) stops each local
+    # worker before it reports; the learner says so in one line, with the log's last line.
+    env = {**os.environ, "CLUSTERENV_VISIBILITY_TIMEOUT": "soon"}
+    out = subprocess.run(CLI + ["train", "--workers", "1", "--run-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 1
+    err = out.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "local celery worker exited with code" in err and "'soon'" in err, err
+    assert "workers.log" in err

@@ -2,12 +2,14 @@
 
 import json
 
+import numpy as np
+
 from learner.cli import main
 from learner.metrics import MetricsWriter
-from learner.report import write_report
+from learner.report import band, load_run, write_report
 
 
-def fake_run(parent, name, sync, solve_at, fetches):
+def fake_run(parent, name, sync, solve_at, fetches, last=10000):
     d = parent / name
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"weights": {"sync": sync}}))
@@ -24,7 +26,7 @@ def fake_run(parent, name, sync, solve_at, fetches):
     }
     (d / "summary.json").write_text(json.dumps(summary))
     m = MetricsWriter(d / "metrics.jsonl")
-    for step in range(2000, 10001, 2000):
+    for step in range(2000, last + 1, 2000):
         ret = 500.0 if step >= solve_at else step / 100
         m.write({"env_steps": step, "wall_s": step / 1000, "eval/return_mean": ret,
                  "pipeline/weight_bytes": step * 10, "pipeline/lag_updates_mean": 50.0})  # fmt: skip
@@ -73,3 +75,22 @@ def test_report_needs_a_run_dir(capsys):
     assert main(["report"]) == 2
     err = capsys.readouterr().err.strip()
     assert "run director" in err and len(err.splitlines()) == 1
+
+
+def test_each_run_is_drawn_to_its_own_end(tmp_path):
+    # Three runs stopped at 8k, 48k and 56k env steps: the median and band cover the span where
+    # at least two runs have data (to 48k), the longest run's own line goes on to 56k.
+    runs = [load_run(fake_run(tmp_path, f"r{last}", "aps:0.01", 99999, 4, last=last))
+            for last in (8000, 48000, 56000)]  # fmt: skip
+    b = band(runs, "env_steps", "eval/return_mean")
+    assert b is not None and b.runs == 3 and b.grid.max() == 56000
+    ends = [b.grid[~np.isnan(y)].max() for y in [b.median, b.low, b.high]]
+    assert all(46000 < end <= 48000 for end in ends), ends  # not cut at the 8k run's end
+    alone = b.solo[2][~np.isnan(b.solo[2])]
+    assert len(alone) > 0 and np.isclose(alone[-1], 560.0)  # ret = step / 100 at 56k
+    assert np.isnan(b.solo[0]).all() and np.isnan(b.solo[1]).all()  # never alone
+    # Between 8k and 48k the two longer runs agree (same curve), so the band is that curve.
+    mid = (b.grid > 10000) & (b.grid < 46000)
+    assert np.allclose(b.median[mid], b.grid[mid] / 100)
+    md = write_report([r["dir"] for r in runs], tmp_path / "report")
+    assert "| aps:0.01 | 3 | 2/3 | 48000 |" in md  # the 48k and 56k runs pass 475 at 48k

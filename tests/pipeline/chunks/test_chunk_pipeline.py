@@ -11,7 +11,8 @@ import pytest
 
 from pipeline.chunks.actor import env_seeds
 from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from pipeline.chunks.stream import StreamReader, transition_specs
+from pipeline.chunks.runtime import WorkerRuntime
+from pipeline.chunks.stream import StreamReader, StreamWriter, transition_specs
 from pipeline.codec import encode_chunk
 from pipeline.connect import connect
 from pipeline.keys import RunKeys
@@ -46,7 +47,8 @@ def reference_rollout(seed: int, steps: int) -> list[tuple]:
     return out
 
 
-def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, timeout_s=30.0):
+def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, per_task=1, timeout_s=30.0):
+    """Send one task per `per_task` chunk ids (each task starting at one of `chunk_ids`)."""
     keys = RunKeys(run_id)
     reader = StreamReader(
         connect(url_of(client), blocking=True),
@@ -54,22 +56,28 @@ def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, timeout_s=30
     )  # fmt: skip
     for cid in chunk_ids:
         req = ChunkRequest(run_id, cid, "CartPole-v1", num_envs, steps, seed=5, epsilon=0.0,
-                           env_kwargs=ENV_KWARGS)  # fmt: skip
+                           env_kwargs=ENV_KWARGS, chunks=per_task)  # fmt: skip
         celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
+    expected = len(chunk_ids) * per_task
     got: list[tuple[dict, dict]] = []
     deadline = time.monotonic() + timeout_s
-    while reader.stats.chunks + reader.stats.duplicates < len(chunk_ids):
-        assert time.monotonic() < deadline, f"only {len(got)} of {len(chunk_ids)} chunks arrived"
+    while reader.stats.chunks + reader.stats.duplicates < expected:
+        assert time.monotonic() < deadline, f"only {len(got)} of {expected} chunks arrived"
         reader.poll(lambda h, a: got.append((h, {k: v.copy() for k, v in a.items()})))
     return reader, got
 
 
+@pytest.mark.parametrize("per_task", [1, 4])
 def test_transitions_equal_a_local_rollout_across_chunks_and_episodes(
-    workers, celery_app, client, run_id
+    workers, celery_app, client, run_id, per_task
 ):
+    """Also with several chunks per task: each is its own stream entry, in order on one actor."""
     RedisWeightSource(client, RunKeys(run_id)).publish(POLICY)
     num_envs, steps, chunks = 3, 7, 24
-    _, got = collect(celery_app, client, run_id, range(chunks), num_envs, steps)
+    _, got = collect(
+        celery_app, client, run_id, range(0, chunks, per_task), num_envs, steps, per_task
+    )
+    assert sorted(h["chunk"] for h, _ in got) == list(range(chunks))
     by_actor: dict[int, list] = defaultdict(list)
     for header, arrays in got:
         by_actor[header["actor"]].append((header["chunk"], arrays))
@@ -149,3 +157,27 @@ def test_bad_chunk_requests_are_refused(bad):
     data = ChunkRequest("r", 0, "CartPole-v1", 2, 5, 1, 0.1).to_json() | bad
     with pytest.raises((ValueError, TypeError)):
         ChunkRequest.from_json(data)
+
+
+def test_a_stop_between_a_tasks_chunks_ends_the_task_there(client, run_id):
+    """The stop key is checked before every chunk of a task, not only before its first."""
+    keys = RunKeys(run_id)
+    RedisWeightSource(client, keys).publish(POLICY)
+    runtime = WorkerRuntime(client, "w:1")
+    req = ChunkRequest(run_id, 10, "CartPole-v1", 2, 5, seed=5, epsilon=0.0, chunks=4)
+    writer = StreamWriter(client, keys)
+
+    class StopAfterTwo:  # the learner ends the run while the task's second chunk is written
+        def write(self, header, arrays):
+            if header["chunk"] == 11:
+                client.set(keys.stop, 1)
+            return writer.write(header, arrays)
+
+    first = runtime.run_chunk(ChunkRequest(run_id, 0, "CartPole-v1", 2, 5, seed=5, epsilon=0.0))
+    assert first["chunks_done"] == 1 and client.xlen(keys.stream) == 1
+    runtime.runs.get(run_id).writer = StopAfterTwo()
+    summary = runtime.run_chunk(req)
+    assert summary["skipped"] == "run stopped"
+    assert (summary["chunk"], summary["chunks"], summary["chunks_done"]) == (10, 4, 2)
+    assert summary["steps"] == 2 * 2 * 5
+    assert client.xlen(keys.stream) == 3 and run_id not in runtime.runs

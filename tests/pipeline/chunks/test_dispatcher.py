@@ -19,7 +19,7 @@ TEMPLATE = {
     "sync": "aps:0.05",
 }
 CHUNK_ENV_STEPS = 4 * 8
-CONFIG = DispatchConfig(chunks_per_process=2, lost_after_s=30.0, slots_every_s=0.5)
+CONFIG = DispatchConfig(tasks_per_process=2, lost_after_s=30.0, slots_every_s=0.5)
 
 
 def always(pending: int) -> bool:
@@ -32,7 +32,7 @@ def make(processes: int = 2, config: DispatchConfig = CONFIG):
     return d, send, alive, clock
 
 
-def test_keeps_chunks_per_process_times_processes_in_flight():
+def test_keeps_tasks_per_process_times_processes_in_flight():
     d, send, _, _ = make(processes=3)
     assert d.top_up(0.5, always) == 6
     assert len(d.in_flight) == 6 and len(send.sent) == 6
@@ -100,6 +100,7 @@ def test_chunks_are_written_off_after_lost_after_s_and_replaced():
     assert d.lost == 3 and set(d.in_flight) == {4, 5}
     d.arrived(1)  # a written-off chunk that turns up late does not free a slot twice
     assert set(d.in_flight) == {4, 5}
+    assert d.late == 1  # but is counted late
 
 
 def test_slots_are_recounted_only_every_slots_every_s():
@@ -120,7 +121,25 @@ def test_slots_are_recounted_only_every_slots_every_s():
 
 
 @pytest.mark.parametrize("per_process", [1, 3])
-def test_chunks_per_process_setting(per_process):
-    config = DispatchConfig(chunks_per_process=per_process)
+def test_tasks_per_process_setting(per_process):
+    config = DispatchConfig(tasks_per_process=per_process)
     d, send, _, _ = make(processes=2, config=config)
     assert d.top_up(0.0, always) == 2 * per_process
+
+
+def test_a_task_carries_chunks_per_task_consecutive_ids_tracked_one_by_one():
+    d, send, _, clock = make(processes=1, config=DispatchConfig(chunks_per_task=4))
+    pending: list[int] = []
+    assert d.top_up(0.1, lambda p: pending.append(p) or True) == 8  # 2 tasks x 4 chunks
+    assert pending == [0, 4 * CHUNK_ENV_STEPS]
+    assert d.task_env_steps == 4 * CHUNK_ENV_STEPS
+    reqs = [ChunkRequest.from_json(kwargs) for _, kwargs in send.sent]
+    assert [(r.chunk_id, r.chunks) for r in reqs] == [(0, 4), (4, 4)]
+    assert set(d.in_flight) == set(range(8))
+    for chunk_id in (0, 1, 2):
+        d.arrived(chunk_id)
+    assert d.top_up(0.1, always) == 0  # three free chunk slots: not room for a task of four
+    d.arrived(3)
+    assert d.top_up(0.1, always) == 4 and send.sent[-1][1]["chunk_id"] == 8
+    clock.advance(31.0)  # every chunk of both tasks in flight is written off one by one
+    assert d.top_up(0.1, always) == 8 and d.lost == 8

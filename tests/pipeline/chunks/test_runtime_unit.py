@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from pipeline.chunks.request import ChunkRequest
-from pipeline.chunks.runtime import RunCache, RunState, collect_chunk
+from pipeline.chunks.runtime import RunCache, RunState, collect_chunk, merge_summaries
 from pipeline.policy import NumpyMLP
 from tests.fakes import FakeActor, FakeWeightClient, FakeWriter, net
 
@@ -85,7 +85,7 @@ def test_collect_chunk_writes_a_header_and_returns_the_summary():
     writer = FakeWriter()
     state = cartpole_state(weights, writer, num_envs=2)
     req = ChunkRequest("run-x", 11, "CartPole-v1", 2, 15, seed=1, epsilon=0.0, sync="aps:0.25")
-    summary = collect_chunk(state, req, "w1:42")
+    summary = collect_chunk(state, req, 11, "w1:42")
     state.close()
 
     assert weights.syncs == [0.0]  # one sync check per chunk, with the chunk's epsilon
@@ -129,7 +129,7 @@ def test_collect_chunk_explores_with_epsilon_one():
     weights, writer = FakeWeightClient(net(0)), FakeWriter()
     state = cartpole_state(weights, writer, num_envs=4)
     req = ChunkRequest("run-x", 0, "CartPole-v1", 4, 25, seed=1, epsilon=1.0)
-    collect_chunk(state, req, "w")
+    collect_chunk(state, req, 0, "w")
     state.close()
     _, arrays = writer.written[0]
     greedy = NumpyMLP(net(0))(arrays["obs"]).argmax(axis=1)
@@ -142,8 +142,23 @@ def test_collect_chunk_reports_each_chunk_of_a_run():
     state = cartpole_state(weights, writer, num_envs=2)
     for chunk_id in range(3):
         req = ChunkRequest("run-x", chunk_id, "CartPole-v1", 2, 4, seed=1, epsilon=0.1)
-        assert collect_chunk(state, req, "w")["chunk"] == chunk_id
+        assert collect_chunk(state, req, chunk_id, "w")["chunk"] == chunk_id
     state.close()
     assert [h["chunk"] for h, _ in writer.written] == [0, 1, 2]
     assert [h["sync"]["version_checks"] for h, _ in writer.written] == [1, 2, 3]
     assert weights.steps_since_fetch == 3 * 8
+
+
+def test_merge_summaries_sums_a_tasks_chunks_and_keeps_the_last_counters():
+    req = ChunkRequest("run-x", 8, "CartPole-v1", 2, 4, seed=1, epsilon=0.1, chunks=3)
+    done = [
+        {"chunk": 8 + i, "worker": "w", "steps": 8, "transitions": 7 + i, "episodes_finished": i,
+         "policy_version": i, "bytes": 100, "version_checks": i + 1}
+        for i in range(2)
+    ]  # fmt: skip
+    merged = merge_summaries(req, done)
+    assert merged == {
+        "chunk": 8, "chunks": 3, "chunks_done": 2, "worker": "w", "steps": 16, "transitions": 15,
+        "episodes_finished": 1, "policy_version": 1, "bytes": 200, "version_checks": 2,
+    }  # fmt: skip
+    assert merge_summaries(req, [])["chunks_done"] == 0

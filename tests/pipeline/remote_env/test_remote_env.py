@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -27,22 +26,6 @@ from pipeline.remote_env import RemoteEnv, RemoteEnvError, RemoteVectorEnv, Shar
 HELPERS = "tests.pipeline.remote_env.remote_env_helpers"
 FLAKY, TAGGED = f"{HELPERS}:RemoteTestFlaky-v0", f"{HELPERS}:RemoteTestTagged-v0"
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def remote(redis_url: str, workers: LocalWorkers) -> Iterator:
-    """A factory for remote vector envs on the session workers, all closed after the test."""
-    made: list[RemoteVectorEnv] = []
-
-    def make(env_id: str = "CartPole-v1", num_envs: int = 4, **kw) -> RemoteVectorEnv:
-        kw.setdefault("shards", 2)
-        env = RemoteVectorEnv(env_id, num_envs, redis_url=redis_url, **kw)
-        made.append(env)
-        return env
-
-    yield make
-    for env in made:
-        env.close()
 
 
 def local_cartpoles(n: int, env_id: str = "CartPole-v1", **kw) -> gym.vector.SyncVectorEnv:
@@ -175,6 +158,24 @@ def test_env_raising_in_step_raises_and_others_go_on(remote) -> None:
     assert rew[2] == 0.0 and not trunc[2]
 
 
+def test_env_raising_in_step_starts_a_new_episode_at_once_in_same_step_mode(remote) -> None:
+    envs = remote(
+        FLAKY, num_envs=2, autoreset_mode="SameStep", env_kwargs={"fail_seed": 1, "fail_at": 2}
+    )
+    envs.reset(seed=0)
+    a = np.ones(2, dtype=np.int64)
+    last = envs.step(a)[0]
+    with pytest.raises(RemoteEnvError, match="boom") as e:
+        envs.step(a)
+    obs, rew, term, trunc, info = e.value.result
+    assert trunc[1] and not term[1] and info["env_error"][1]
+    # SAME_STEP: the failed episode's last observation is its final_obs, and env 1 was reset.
+    np.testing.assert_array_equal(info["final_obs"][1], last[1])
+    assert info["_final_obs"].tolist() == [False, True]
+    assert not np.array_equal(obs[1], last[1])
+    np.testing.assert_array_equal(envs.step(a)[1], [1.0, 1.0])  # both step on, no autoreset step
+
+
 def test_step_timeout_names_worker_and_env(remote) -> None:
     envs = remote(TAGGED, num_envs=2, timeout_s=0.5, env_kwargs={"slow_below": 1, "delay_s": 2.0})
     envs.reset(seed=0)
@@ -207,7 +208,12 @@ def test_embedded_stack_is_started_and_stopped() -> None:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_worker_death_truncates_replaces_and_never_hangs(tmp_path) -> None:
+@pytest.mark.parametrize(
+    # SAME_STEP's loss path (reset in the step, final_obs) in the slow set: ~8 s of worker starts.
+    "mode",
+    [AutoresetMode.NEXT_STEP, pytest.param(AutoresetMode.SAME_STEP, marks=pytest.mark.slow)],
+)
+def test_worker_death_truncates_replaces_and_never_hangs(tmp_path, mode: AutoresetMode) -> None:
     # Own server and workers: the kills must hit only processes this test started.
     server = EmbeddedServer()
     url = server.start()
@@ -216,10 +222,12 @@ def test_worker_death_truncates_replaces_and_never_hangs(tmp_path) -> None:
     try:
         pool.start()
         pool.wait_ready(connect(url), expected=1)
-        envs = RemoteVectorEnv("CartPole-v1", 4, redis_url=url, shards=2, heartbeat_ttl_s=1.0)
+        envs = RemoteVectorEnv(
+            "CartPole-v1", 4, redis_url=url, shards=2, heartbeat_ttl_s=1.0, autoreset_mode=mode
+        )
         envs.reset(seed=0)
         a = np.zeros(4, dtype=np.int64)
-        envs.step(a)
+        before = envs.step(a)[0]
         victim = envs.shards[0]
         assert victim["pid"] in pool.pids
         os.killpg(victim["pid"], signal.SIGKILL)
@@ -230,6 +238,12 @@ def test_worker_death_truncates_replaces_and_never_hangs(tmp_path) -> None:
         assert trunc[lost].all() and not term[lost].any()
         assert info["worker_lost"][lost].all() and info["_worker_lost"].sum() == len(lost)
         assert len(envs.shards) == 1 and envs.shards[0]["envs"] == [0, 1, 2, 3]
+        if mode == AutoresetMode.SAME_STEP:
+            # The lost episodes end on their last observation; the fresh copies start at once.
+            for i in lost:
+                np.testing.assert_array_equal(info["final_obs"][i], before[i])
+                assert not np.array_equal(obs[i], before[i])
+            np.testing.assert_array_equal(envs.step(a)[1], np.ones(4))  # no autoreset step
         for _ in range(30):  # adopted envs autoreset, then every column steps on
             obs, rew, term, trunc, info = envs.step(a)
             assert "worker_lost" not in info

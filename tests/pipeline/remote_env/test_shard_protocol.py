@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import data_equivalence
 
 from pipeline.codec import CodecError, decode_tree, encode_tree, pack_message, unpack_message
-from pipeline.remote_env.messages import (
-    STEP,
-    Message,
-    ShardSpec,
-    pack,
+from pipeline.remote_env.messages import STEP, EnvTarget, Message, ShardSpec, pack, unpack
+from pipeline.remote_env.spaces import (
+    Rows,
+    from_leaves,
+    kind_of,
+    leaves,
+    restore,
     space_from_tree,
     space_to_tree,
-    unpack,
 )
 
 
@@ -79,6 +82,8 @@ def test_tree_round_trip_keeps_numpy_types(value, expected) -> None:
         gym.spaces.Discrete(5, start=-2),
         gym.spaces.MultiDiscrete([3, 4]),
         gym.spaces.MultiBinary(6),
+        gym.spaces.Dict({"b": gym.spaces.Discrete(3), "a": gym.spaces.Box(0, 1, (2,))}),
+        gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Tuple((gym.spaces.MultiBinary(3),)))),
     ],
 )
 def test_spaces_travel(space: gym.Space) -> None:
@@ -88,8 +93,8 @@ def test_spaces_travel(space: gym.Space) -> None:
 
 
 def test_unsupported_space_is_named() -> None:
-    tree = space_to_tree(gym.spaces.Dict({"a": gym.spaces.Discrete(2)}))
-    with pytest.raises(NotImplementedError, match="Dict"):
+    tree = space_to_tree(gym.spaces.Dict({"a": gym.spaces.Text(5)}))
+    with pytest.raises(NotImplementedError, match="Text"):
         space_from_tree(tree)
 
 
@@ -100,3 +105,44 @@ def test_shard_spec_checks_its_fields() -> None:
         ShardSpec.from_json({**spec.to_json(), "pickle": True})
     with pytest.raises(ValueError, match="env_indices must not be empty"):
         ShardSpec.from_json({**spec.to_json(), "env_indices": []})
+    with pytest.raises(ValueError, match="autoreset must be one of"):
+        ShardSpec.from_json({**spec.to_json(), "autoreset": "Disabled"})
+    with pytest.raises(ValueError, match="env_spec must be a JSON object or null"):
+        ShardSpec.from_json({**spec.to_json(), "env_spec": "CartPole-v1"})
+    # An EnvSpec rides as the JSON object of EnvSpec.to_json(), wrappers included.
+    target = EnvTarget.of(gym.wrappers.ClipReward(gym.make("CartPole-v1"), 0.0, 0.5).spec)
+    with_spec = ShardSpec(
+        "s", 0, target.env_id, [0], 3.0, 300.0, env_spec=target.env_spec, autoreset="SameStep"
+    )
+    assert ShardSpec.from_json(json.loads(json.dumps(with_spec.to_json()))) == with_spec
+    assert target.env_spec["additional_wrappers"][0]["name"] == "ClipReward"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [1, 2.5, True, np.int64(3), np.float32(0.5), np.bool_(False), np.arange(3, dtype=np.int8)],
+)
+def test_value_kinds_restore_the_type_from_a_batch_row(value) -> None:
+    # A batch row is a numpy scalar or array of the column's dtype (float64 for rewards, say).
+    row = np.asarray([value], dtype=np.float64)[0]
+    assert data_equivalence(restore(row, kind_of(value)), value, exact=True)
+
+
+def test_rows_pack_dict_and_tuple_observations_per_leaf() -> None:
+    space = gym.spaces.Dict(
+        {"a": gym.spaces.Discrete(4), "b": gym.spaces.Tuple((gym.spaces.Box(0, 1, (2,)),))}
+    )
+    space.seed(0)
+    samples = [space.sample() for _ in range(3)]
+    rows = Rows(space, 3, note_kinds=True)
+    for j, s in enumerate(samples):
+        rows.put(j, s, 1.0)
+    msg = unpack(pack(rows.message(STEP, Message(STEP, 7, [0, 1, 2]), [{}] * 3, [])))
+    assert msg.seq == 7 and sorted(msg.arrays) == ["obs0", "obs1"]
+    assert msg.arrays["obs1"].shape == (3, 2) and msg.arrays["obs1"].dtype == np.float32
+    assert msg.extra["kinds"] == [["s<i8", "a<f4", "f"]]  # one row stands for three equal ones
+    batched = from_leaves(space, iter(msg.arrays[f"obs{k}"] for k in range(2)))
+    assert gym.vector.utils.batch_space(space, 3).contains(batched)
+    for j, s in enumerate(samples):
+        got = from_leaves(space, iter(a[j] for a in leaves(space, batched)))
+        assert data_equivalence(got, s, exact=True)

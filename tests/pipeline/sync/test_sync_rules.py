@@ -163,3 +163,13 @@ def test_byte_counters_equal_what_the_server_sent(client, run_id):
 def test_bad_specs_are_refused(spec):
     with pytest.raises(ValueError, match=repr(spec).strip("'") if spec != "aps:0.1:js" else "js"):
         parse_sync(spec)
+
+
+def test_the_sync_check_sees_a_stopped_run_in_the_same_round_trip(client, run_id):
+    learner, wc = Learner(client, run_id), client_for(client, run_id, "on-change")
+    learner.publish(net(0))
+    assert wc.sync(0.1) is not None and not wc.run_stopped
+    client.set(RunKeys(run_id).stop, 1)
+    learner.publish(net(1))
+    assert wc.sync(0.1) is None and wc.run_stopped
+    assert wc.version == 0 and wc.counters.weight_fetches == 1  # nothing fetched once stopped

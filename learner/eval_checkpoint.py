@@ -1,0 +1,115 @@
+"""`clusterenv eval`: greedy episodes of a saved Q-network on this machine, optionally as MP4s.
+
+The env (id and keyword arguments) comes from the run's config.json; the forward pass is the
+numpy policy the workers act and evaluate with (pipeline/policy.py), and the episodes are
+`greedy_returns` of the workers' evaluation, one env, episode i reset with seed S + i.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from pipeline.codec import decode_weights
+from pipeline.evaluation.runner import greedy_returns
+from pipeline.policy import NumpyMLP
+
+# The trainer's checkpoints hold the online network under this prefix (and the target under
+# `target.`); the rest of each name is what NumpyMLP reads.
+ONLINE_PREFIX = "q."
+
+
+def find_checkpoint(path: Path) -> Path:
+    """A .safetensors file as given; for a run directory its final.safetensors, else the newest
+    file in its checkpoints/ folder."""
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise ValueError(f"{path}: no such file or directory")
+    if (path / "final.safetensors").is_file():
+        return path / "final.safetensors"
+    saved = sorted((path / "checkpoints").glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
+    if not saved:
+        raise ValueError(f"{path} holds no final.safetensors and no checkpoints/*.safetensors")
+    return saved[-1]
+
+
+def run_config(checkpoint: Path) -> dict[str, Any]:
+    """The config.json of the run the checkpoint belongs to (beside it, or one folder up)."""
+    for folder in (checkpoint.parent, checkpoint.parent.parent):
+        if (folder / "config.json").is_file():
+            try:
+                config = json.loads((folder / "config.json").read_text())
+                return {"env": config["env"], "env_kwargs": config.get("env_kwargs", {})}
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(f"{folder / 'config.json'} names no env: {exc!r}") from None
+    raise ValueError(f"no config.json beside {checkpoint} or in its run directory")
+
+
+def load_policy(checkpoint: Path) -> NumpyMLP:
+    # A file that is not safetensors raises CodecError, a ValueError.
+    tensors = decode_weights(checkpoint.read_bytes())
+    online = {
+        k.removeprefix(ONLINE_PREFIX): v for k, v in tensors.items() if k.startswith(ONLINE_PREFIX)
+    }
+    if not online:
+        raise ValueError(f"{checkpoint} holds no Q-network ({ONLINE_PREFIX}layers.*)")
+    return NumpyMLP(online)
+
+
+def _make_env(env_id: str, env_kwargs: dict[str, Any], video: Path | None) -> gym.Env:
+    if video is None:
+        return gym.make(env_id, **env_kwargs)
+    probe = gym.make(env_id, **env_kwargs)
+    modes = probe.metadata.get("render_modes", [])
+    probe.close()
+    if "rgb_array" not in modes:
+        raise ValueError(f"--video: {env_id} has no rgb_array render mode (it has {modes})")
+    try:
+        import moviepy  # noqa: F401  (RecordVideo writes MP4 through it)
+    except ImportError:
+        raise ValueError("--video needs moviepy: pip install 'clusterenv[video]'") from None
+    env = gym.make(env_id, render_mode="rgb_array", **env_kwargs)
+    return gym.wrappers.RecordVideo(
+        env, str(video), episode_trigger=lambda _: True, name_prefix=env_id.replace("/", "_")
+    )
+
+
+def evaluate_checkpoint(path: Path, episodes: int, seed: int, video: Path | None) -> str:
+    """Run the episodes; the line to print. ValueError for anything the user can fix."""
+    if episodes < 1:
+        raise ValueError(f"--episodes must be positive, got {episodes}")
+    checkpoint = find_checkpoint(path)
+    policy = load_policy(checkpoint)
+    config = run_config(checkpoint)
+    env_id = config["env"]
+    try:
+        env = _make_env(env_id, config["env_kwargs"], video)
+    except (gym.error.Error, TypeError) as exc:  # TypeError: env_kwargs the env does not take
+        raise ValueError(f"env {env_id!r} from the run's config.json: {exc}") from None
+    obs_size = int(np.prod(env.observation_space.shape or (0,)))
+    inputs = policy.layers[0][0].shape[0]
+    if obs_size != inputs or getattr(env.action_space, "n", None) != policy.num_outputs:
+        env.close()
+        raise ValueError(
+            f"{checkpoint}: a network of {inputs} inputs and {policy.num_outputs} actions does "
+            f"not fit {env_id} ({env.observation_space}, {env.action_space})"
+        )
+    envs = gym.vector.SyncVectorEnv([lambda: env])
+    try:
+        returns = np.concatenate(
+            [greedy_returns(envs, policy, [seed + i]) for i in range(episodes)]
+        )
+    except gym.error.DependencyNotInstalled as exc:  # pygame, for the frames of --video
+        raise ValueError(f"--video: {exc}") from None
+    finally:
+        envs.close()  # RecordVideo writes the last episode's file on close
+    line = (
+        f"{env_id}: greedy return {returns.mean():.1f} ± {returns.std():.1f} over {episodes} "
+        f"episodes (seeds {seed}..{seed + episodes - 1}) of {checkpoint}"
+    )
+    return line + (f"; videos in {video}" if video is not None else "")
