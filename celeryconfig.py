@@ -1,13 +1,13 @@
 """Celery settings for clusterenv; every value can be overridden from the environment.
 
 Workers on any machine read the broker from CLUSTERENV_REDIS_URL:
-    CLUSTERENV_REDIS_URL=redis://HOST:6379/0 celery -A tasks worker --loglevel=INFO
+    CLUSTERENV_REDIS_URL=redis://HOST:6379/0 celery -A clusterenv.tasks worker --loglevel=INFO
 A password, ACL user and TLS options travel in that URL (docs/operations.md).
 """
 
 import os
 
-from pipeline.connect import celery_ssl
+from clusterenv.pipeline.connect import celery_ssl
 
 broker_url = os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
 broker_use_ssl = celery_ssl(broker_url)

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from bench.common import RESULTS_DIR, median, save_figure, table, write_results
-from learner.report import first_solve, load_run
-from pipeline.sync.rules import Aps, parse_sync
+from clusterenv.learner.report import first_solve, load_run
+from clusterenv.pipeline.sync.rules import Aps, parse_sync
 
 # tv and kl tolerances are paired: with two actions a greedy flip costs (1-ε) in tv and about
 # 3.7 nats in kl at ε = 0.04, so tv 0.1 / 0.3 fire at about the flip rates kl 0.3 / 1 do.
@@ -50,7 +50,7 @@ def run_one(env: str, rule: str, seed: int, runs_dir: Path) -> dict[str, Any]:
     spec = ENVS[env]
     parent = Path(tempfile.mkdtemp(prefix="sync-", dir=runs_dir))
     cmd = [
-        sys.executable, "-m", "learner.cli", "train", "--env", env, "--seed", str(seed),
+        sys.executable, "-m", "clusterenv.learner.cli", "train", "--env", env, "--seed", str(seed),
         "--sync", rule, "--total-steps", str(spec["budget"]), "--target-return", "1e9",
         "--workers", str(WORKERS), "--run-dir", str(parent), *spec["flags"],
     ]  # fmt: skip

@@ -86,7 +86,7 @@ def clusterenv_run(
         cmd = [
             sys.executable,
             "-m",
-            "learner.cli",
+            "clusterenv.learner.cli",
             "train",
             "--seed",
             str(seed),

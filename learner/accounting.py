@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from learner.ingest import Arrival
+from clusterenv.learner.ingest import Arrival
 
 
 def id_ranges(ids: set[int]) -> list[list[int]]:

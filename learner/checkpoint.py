@@ -25,7 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
-from learner.config import CheckpointConfig
+from clusterenv.learner.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,12 @@ from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import tyro
 
-from learner.config import TrainConfig
+from clusterenv.learner.config import TrainConfig
 
 if TYPE_CHECKING:
-    from learner.resume import Resumed
+    from clusterenv.learner.resume import Resumed
 
-WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A tasks worker --loglevel=INFO"
+WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A clusterenv.tasks worker --loglevel=INFO"
 USAGE = """usage: clusterenv {train,eval,report,status} [--help] | --version
 
   train    train Double DQN (embedded server and local workers unless --redis-url)
@@ -108,8 +108,8 @@ def parse_train(argv: list[str]) -> TrainConfig:
     """The run's config: flags on top of the env's preset (learner/presets.toml) or the plain
     defaults; with --resume, on top of the resumed run's config, where flags not given keep its
     values and a flag that would change what may not change is refused."""
-    from learner.presets import defaults_for, preset_choice
-    from learner.resume import check_overrides, saved_config
+    from clusterenv.learner.presets import defaults_for, preset_choice
+    from clusterenv.learner.resume import check_overrides, saved_config
 
     try:
         cfg = parse(TrainConfig, argv, "clusterenv train", defaults_for(*preset_choice(argv)))
@@ -129,10 +129,10 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 
 
 def train(cfg: TrainConfig) -> int:
-    from learner.envs import env_spaces
-    from learner.trainer import RunFailed, Trainer
-    from pipeline.cluster.embedded import Stack, WorkersDidNotStart
-    from pipeline.connect import RedisUnreachable, connect, redact
+    from clusterenv.learner.envs import env_spaces
+    from clusterenv.learner.trainer import RunFailed, Trainer
+    from clusterenv.pipeline.cluster.embedded import Stack, WorkersDidNotStart
+    from clusterenv.pipeline.connect import RedisUnreachable, connect, redact
 
     try:
         cfg.validate()
@@ -180,8 +180,8 @@ def train(cfg: TrainConfig) -> int:
 
 def _open_run_dir(cfg: TrainConfig) -> tuple[Path, str, Resumed | None, IO]:
     """A new run directory, or the one --resume names with its newest checkpoint; its lock."""
-    from learner.checkpoint import CheckpointError
-    from learner.resume import load_resume, lock_run_dir, next_run_id
+    from clusterenv.learner.checkpoint import CheckpointError
+    from clusterenv.learner.resume import load_resume, lock_run_dir, next_run_id
 
     if cfg.resume is None:
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
@@ -206,8 +206,8 @@ def _open_run_dir(cfg: TrainConfig) -> tuple[Path, str, Resumed | None, IO]:
 
 
 def _wait_for_workers(client, url: str, timeout_s: float = 600.0) -> None:
-    from pipeline.cluster.registry import WorkerRegistry
-    from pipeline.connect import redact
+    from clusterenv.pipeline.cluster.registry import WorkerRegistry
+    from clusterenv.pipeline.connect import redact
 
     url = redact(url)  # the hint shows where the password goes, never the password
     registry = WorkerRegistry(client)
@@ -225,7 +225,7 @@ def _wait_for_workers(client, url: str, timeout_s: float = 600.0) -> None:
 
 
 def report(args: ReportArgs) -> int:
-    from learner.report import write_report
+    from clusterenv.learner.report import write_report
 
     if not args.run_dirs:
         raise CliError("report needs at least one run directory")
@@ -238,7 +238,7 @@ def report(args: ReportArgs) -> int:
 
 
 def evaluate(args: EvalArgs) -> int:
-    from learner.eval_checkpoint import evaluate_checkpoint
+    from clusterenv.learner.eval_checkpoint import evaluate_checkpoint
 
     try:
         print(evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, args.video))
@@ -252,8 +252,8 @@ def status(args: StatusArgs) -> int:
 
     import redis
 
-    from learner.status import read_statuses, status_line
-    from pipeline.connect import RedisUnreachable, connect
+    from clusterenv.learner.status import read_statuses, status_line
+    from clusterenv.pipeline.connect import RedisUnreachable, connect
 
     url = args.redis_url or os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
     try:

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import redis
 
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
-from pipeline.roles import TransitionReader
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.pipeline.roles import TransitionReader
 
 log = logging.getLogger(__name__)
 

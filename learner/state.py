@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import redis
 import torch
 
-from pipeline.keys import RunKeys
+from clusterenv.pipeline.keys import RunKeys
 
 if TYPE_CHECKING:
-    from learner.resume import Resumed
-    from learner.trainer import Trainer
+    from clusterenv.learner.resume import Resumed
+    from clusterenv.learner.trainer import Trainer
 
 # Once a run ends, late chunks see `stop` and return at once; the run's keys expire after this.
 RUN_KEYS_EXPIRE_S = 3600

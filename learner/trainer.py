@@ -23,28 +23,28 @@ import redis
 import torch
 from kombu.exceptions import OperationalError
 
-from learner.accounting import RunAccounting, id_ranges
-from learner.checkpoint import Checkpoints, save_checkpoint
-from learner.config import TrainConfig
-from learner.dqn import DQNLearner
-from learner.envs import env_spaces
-from learner.evaluation import EvalResult, RemoteEvaluation
-from learner.ingest import Ingest
-from learner.metrics import MetricsWriter
-from learner.progress import Progress
-from learner.publisher import Publisher
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
-from learner.resume import Resumed, record_run_id, record_version
-from learner.state import checkpoint, mark_stopped, resume_run
-from learner.status import RunStatus
-from pipeline.chunks.dispatcher import Dispatcher
-from pipeline.chunks.stream import StreamReader, transition_specs
-from pipeline.cluster.celery_client import celery_client
-from pipeline.cluster.registry import WorkerRegistry
-from pipeline.connect import connect
-from pipeline.keys import RunKeys
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.learner.accounting import RunAccounting, id_ranges
+from clusterenv.learner.checkpoint import Checkpoints, save_checkpoint
+from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.dqn import DQNLearner
+from clusterenv.learner.envs import env_spaces
+from clusterenv.learner.evaluation import EvalResult, RemoteEvaluation
+from clusterenv.learner.ingest import Ingest
+from clusterenv.learner.metrics import MetricsWriter
+from clusterenv.learner.progress import Progress
+from clusterenv.learner.publisher import Publisher
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.learner.resume import Resumed, record_run_id, record_version
+from clusterenv.learner.state import checkpoint, mark_stopped, resume_run
+from clusterenv.learner.status import RunStatus
+from clusterenv.pipeline.chunks.dispatcher import Dispatcher
+from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.cluster.celery_client import celery_client
+from clusterenv.pipeline.cluster.registry import WorkerRegistry
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.sync.source import RedisWeightSource
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Workers act with numpy rather than torch: for CartPole-sized nets it is faster per step and keeps
 torch out of the worker's hot loop. Weight names follow `layers.{i}.weight` / `layers.{i}.bias`,
-as `learner.dqn.QNetwork.get_weights` writes them.
+as `clusterenv.learner.dqn.QNetwork.get_weights` writes them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from pipeline.codec import decode_weights
+from clusterenv.pipeline.codec import decode_weights
 
 
 class NumpyMLP:

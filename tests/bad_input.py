@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from pipeline.codec import encode_chunk
-from pipeline.keys import ARRAY_FIELD_PREFIX, FIELD_HEADER
+from clusterenv.pipeline.codec import encode_chunk
+from clusterenv.pipeline.keys import ARRAY_FIELD_PREFIX, FIELD_HEADER
 
 OBS_SHAPE = (4,)
 NUM_ACTIONS = 2

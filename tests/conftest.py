@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from pipeline.cluster.celery_client import celery_client
-from pipeline.cluster.embedded import EmbeddedServer, LocalWorkers
-from pipeline.connect import connect
+from clusterenv.pipeline.cluster.celery_client import celery_client
+from clusterenv.pipeline.cluster.embedded import EmbeddedServer, LocalWorkers
+from clusterenv.pipeline.connect import connect
 from tests.netrig import NetRig
 from tests.netrig import unavailable as netrig_unavailable
 
@@ -42,7 +42,7 @@ def client(redis_url: str) -> redis.Redis:
 
 @pytest.fixture(scope="session")
 def workers(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorkers]:
-    """Two real `celery -A tasks worker` processes for the whole session."""
+    """Two real `celery -A clusterenv.tasks worker` processes for the whole session."""
     log = Path(tmp_path_factory.mktemp("workers")) / "workers.log"
     pool = LocalWorkers(redis_url, 2, log_path=log)
     pool.start()

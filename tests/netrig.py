@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pipeline.cluster.embedded import LocalWorkers, _die_with_parent
+from clusterenv.pipeline.cluster.embedded import LocalWorkers, _die_with_parent
 
 SUBNET = "10.231.7"  # a /24 that exists only on the rig's bridge
 REDIS_PORT, PROXY_PORT = 6379, 6380

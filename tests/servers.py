@@ -165,12 +165,12 @@ def flower(
     env: dict[str, str] | None = None,
     timeout_s: float = 60.0,
 ) -> Iterator[str]:
-    """`celery -A tasks flower` on a free loopback port for `broker_url` (more flags in `args`,
+    """`celery -A clusterenv.tasks flower` on a free loopback port for `broker_url` (more flags in `args`,
     more environment in `env`); yields its base URL once its API answers (with `auth`), and
     stops it afterwards."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}",
+        [sys.executable, "-m", "celery", "-A", "clusterenv.tasks", "flower", f"--port={port}",
          "--address=127.0.0.1", *args],
         env={**os.environ, "CLUSTERENV_REDIS_URL": broker_url, **(env or {})},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,

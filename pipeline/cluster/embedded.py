@@ -23,8 +23,8 @@ from pathlib import Path
 
 import redis
 
-from pipeline.cluster.registry import WorkerRegistry
-from pipeline.connect import connect
+from clusterenv.pipeline.cluster.registry import WorkerRegistry
+from clusterenv.pipeline.connect import connect
 
 _PR_SET_PDEATHSIG = 1
 
@@ -48,7 +48,7 @@ def _die_with_parent() -> None:
 
 
 class LocalWorkers:
-    """N `celery -A tasks worker --pool solo` processes on this machine; `launcher` is put before
+    """N `celery -A clusterenv.tasks worker --pool solo` processes on this machine; `launcher` is put before
     each command (e.g. `ip netns exec NS`, to run it in another network namespace)."""
 
     def __init__(
@@ -69,7 +69,7 @@ class LocalWorkers:
 
     def _spawn(self, i: int, env: dict[str, str], log) -> subprocess.Popen:
         cmd = [
-            *self.launcher, sys.executable, "-m", "celery", "-A", "tasks", "worker",
+            *self.launcher, sys.executable, "-m", "celery", "-A", "clusterenv.tasks", "worker",
             "--pool", "solo", "--loglevel", "INFO",
             "--hostname", f"local{i}-{self.tag}@%h",
         ]  # fmt: skip

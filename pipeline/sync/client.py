@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import redis
 
-from pipeline.codec import ArraySpec, CodecError, decode_chunk
-from pipeline.keys import RunKeys
-from pipeline.policy import NumpyMLP, load_policy
-from pipeline.roles import SyncRule
-from pipeline.sync.divergence import DIVERGENCES
+from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.policy import NumpyMLP, load_policy
+from clusterenv.pipeline.roles import SyncRule
+from clusterenv.pipeline.sync.divergence import DIVERGENCES
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from pipeline.keys import RunKeys
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.servers import flower, http_get
 
 

@@ -16,12 +16,12 @@ import psutil
 import pytest
 import redis
 
-from learner.checkpoint import Checkpoints
-from learner.cli import main
-from learner.config import CheckpointConfig
-from learner.metrics import read_metrics
-from learner.resume import published_version
-from pipeline.keys import RunKeys
+from clusterenv.learner.checkpoint import Checkpoints
+from clusterenv.learner.cli import main
+from clusterenv.learner.config import CheckpointConfig
+from clusterenv.learner.metrics import read_metrics
+from clusterenv.learner.resume import published_version
+from clusterenv.pipeline.keys import RunKeys
 from tests.e2e.test_train_cli import (
     Tree,
     assert_no_survivors,

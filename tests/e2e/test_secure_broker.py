@@ -17,18 +17,18 @@ import numpy as np
 import pytest
 import redis
 
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from pipeline.chunks.stream import StreamReader, transition_specs
-from pipeline.cluster.celery_client import celery_client
-from pipeline.cluster.embedded import LocalWorkers
-from pipeline.connect import RedisUnreachable, connect
-from pipeline.keys import RunKeys
-from pipeline.remote_env import RemoteVectorEnv
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.cluster.celery_client import celery_client
+from clusterenv.pipeline.cluster.embedded import LocalWorkers
+from clusterenv.pipeline.connect import RedisUnreachable, connect
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.remote_env import RemoteVectorEnv
+from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import net
 from tests.servers import Certs, PrivateRedis, flower, http_get, make_certs
 
-CLI = [sys.executable, "-m", "learner.cli"]
+CLI = [sys.executable, "-m", "clusterenv.learner.cli"]
 ADMIN_PW = "admin-pw-5d1c"
 # What a worker (and a learner) needs, and no more: clusterenv's keys, Celery's queues, bindings
 # and reply queues, Pub/Sub for events, and no admin or dangerous commands (FLUSHALL, CONFIG,
@@ -95,7 +95,7 @@ def test_a_worker_with_a_wrong_password_stops_and_says_why():
     with PrivateRedis(password=ADMIN_PW) as server:
         env = {**os.environ, "CLUSTERENV_REDIS_URL": server.url_for(password="guess-456")}
         out = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "solo"],
+            [sys.executable, "-m", "celery", "-A", "clusterenv.tasks", "worker", "--pool", "solo"],
             env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     assert out.returncode == 1

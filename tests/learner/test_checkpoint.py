@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-from learner.accounting import RunAccounting
-from learner.checkpoint import CheckpointError, Checkpoints, load_checkpoint
-from learner.config import TrainConfig
-from learner.dqn import DQNLearner
-from learner.evaluation import RemoteEvaluation
-from learner.ingest import Arrival
-from learner.publisher import Publisher
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
-from learner.resume import (
+from clusterenv.learner.accounting import RunAccounting
+from clusterenv.learner.checkpoint import CheckpointError, Checkpoints, load_checkpoint
+from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.dqn import DQNLearner
+from clusterenv.learner.evaluation import RemoteEvaluation
+from clusterenv.learner.ingest import Arrival
+from clusterenv.learner.publisher import Publisher
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.learner.resume import (
     check_overrides,
     lock_run_dir,
     next_run_id,
@@ -33,10 +33,10 @@ from learner.resume import (
     run_ids,
     saved_config,
 )
-from learner.state import capture, restore
-from pipeline.chunks.dispatcher import Dispatcher
-from pipeline.chunks.stream import IngestStats
-from pipeline.keys import RunKeys
+from clusterenv.learner.state import capture, restore
+from clusterenv.pipeline.chunks.dispatcher import Dispatcher
+from clusterenv.pipeline.chunks.stream import IngestStats
+from clusterenv.pipeline.keys import RunKeys
 from tests.fakes import Counter, FakeClock, FakeWeightSource, RecordingSend
 
 
@@ -260,7 +260,7 @@ def test_each_learner_of_a_run_directory_gets_its_own_run_id_and_the_lock(tmp_pa
 
 
 def test_a_resume_asks_again_for_a_password_config_json_does_not_keep():
-    from learner.resume import check_overrides
+    from clusterenv.learner.resume import check_overrides
 
     saved = TrainConfig(redis_url="redis://:***@broker:6379/0")
     with pytest.raises(ValueError, match="give --redis-url again"):

@@ -7,9 +7,9 @@ import time
 import numpy as np
 import redis
 
-from learner.ingest import Ingest
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
+from clusterenv.learner.ingest import Ingest
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
 from tests.fakes import FlakyReader
 
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.chunks.request import ChunkRequest
-from pipeline.chunks.stream import check_content, transition_specs
-from pipeline.codec import (
+from clusterenv.pipeline.chunks.request import ChunkRequest
+from clusterenv.pipeline.chunks.stream import check_content, transition_specs
+from clusterenv.pipeline.codec import (
     CodecError,
     decode_chunk,
     decode_tree,
@@ -22,10 +22,17 @@ from pipeline.codec import (
     encode_weights,
     unpack_message,
 )
-from pipeline.evaluation.request import EvalRequest
-from pipeline.policy import load_policy
-from pipeline.remote_env.messages import STEP, Message, ShardSpec, pack, request_problem, unpack
-from pipeline.task_args import TaskArgsError
+from clusterenv.pipeline.evaluation.request import EvalRequest
+from clusterenv.pipeline.policy import load_policy
+from clusterenv.pipeline.remote_env.messages import (
+    STEP,
+    Message,
+    ShardSpec,
+    pack,
+    request_problem,
+    unpack,
+)
+from clusterenv.pipeline.task_args import TaskArgsError
 from tests.bad_input import NUM_ACTIONS, OBS_SHAPE, bad_entry, entry, json_values
 from tests.fakes import net
 

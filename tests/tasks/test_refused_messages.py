@@ -6,10 +6,10 @@ from __future__ import annotations
 import pathlib
 import time
 
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from pipeline.cluster.celery_client import celery_client
-from pipeline.keys import RunKeys
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.cluster.celery_client import celery_client
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import net
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pipeline.chunks.dispatcher import DispatchConfig, Dispatcher
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.chunks.dispatcher import DispatchConfig, Dispatcher
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from tests.fakes import Counter, FakeClock, RecordingSend
 
 TEMPLATE = {

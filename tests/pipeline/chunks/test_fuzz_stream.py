@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from learner.ingest import Ingest
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
-from pipeline.chunks.stream import StreamReader, transition_specs
-from pipeline.connect import connect
-from pipeline.keys import RunKeys
+from clusterenv.learner.ingest import Ingest
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import RunKeys
 from tests.bad_input import NUM_ACTIONS, OBS_SHAPE, POISON, bad_entry, entry
 
 

@@ -10,10 +10,18 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.connect import connect
-from pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
-from pipeline.remote_env.messages import CLOSE, RESET, STEP, Message, ShardSpec, pack, unpack
-from pipeline.remote_env.shard import Shard
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
+from clusterenv.pipeline.remote_env.messages import (
+    CLOSE,
+    RESET,
+    STEP,
+    Message,
+    ShardSpec,
+    pack,
+    unpack,
+)
+from clusterenv.pipeline.remote_env.shard import Shard
 from tests.bad_input import json_values
 
 ENVS = [0, 1]

@@ -12,16 +12,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from pipeline.codec import encode_weights
-from pipeline.connect import connect
-from pipeline.evaluation.request import EvalRequest
-from pipeline.evaluation.runner import EvalRunner
-from pipeline.keys import RunKeys
-from pipeline.policy import NumpyMLP
-from pipeline.sync.client import RedisWeightClient, WeightsRejected
-from pipeline.sync.rules import parse_sync
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.codec import encode_weights
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.evaluation.request import EvalRequest
+from clusterenv.pipeline.evaluation.runner import EvalRunner
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.sync.client import RedisWeightClient, WeightsRejected
+from clusterenv.pipeline.sync.rules import parse_sync
+from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import REF, net
 
 FEW = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))

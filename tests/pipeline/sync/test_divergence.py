@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.sync.divergence import DIVERGENCES, behaviour_probs, kl, tv, value
+from clusterenv.pipeline.sync.divergence import DIVERGENCES, behaviour_probs, kl, tv, value
 
 RNG = np.random.default_rng(0)
 Q = RNG.normal(size=(256, 3)).astype(np.float32) + 5.0
