@@ -251,7 +251,8 @@ class Shard:
             want = {f"action{k}": (len(msg.envs),) for k in range(len(self.action_leaves))}
             if any(msg.arrays.get(k, np.zeros(0)).shape[:1] != n for k, n in want.items()):
                 got = {k: a.shape for k, a in msg.arrays.items()}
-                return Message(STEP, msg.seq, msg.envs, extra={"fatal": f"bad actions {got}"})
+                problem = f"a step needs one action per env and leaf {want}, got {got}"
+                return Message(STEP, msg.seq, msg.envs, extra={"fatal": f"bad request: {problem}"})
             return self.step(msg)
         if msg.op == RESET:
             return self.reset(msg)

@@ -28,14 +28,14 @@ ENVS = [0, 1]
 
 bad_requests = st.one_of(
     st.binary(max_size=120),  # not a message at all
-    st.builds(lambda a: Message(STEP, 1, ENVS, arrays={"action": a}),  # one action too few or many
+    st.builds(lambda a: Message(STEP, 1, ENVS, arrays={"action0": a}),  # one action too few or many
               st.sampled_from([np.zeros(1, np.int64), np.zeros(3, np.int64), np.zeros((), np.int64)])),
     st.just(Message(STEP, 1, ENVS)),  # no actions
     st.builds(lambda s: Message(RESET, 1, ENVS, extra={"seeds": s}),
               json_values.filter(lambda s: s is not None and not (
                   isinstance(s, list) and len(s) == 2
                   and all(x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in s)))),
-    st.builds(lambda e: Message(STEP, 1, e, arrays={"action": np.zeros(2, np.int64)}),
+    st.builds(lambda e: Message(STEP, 1, e, arrays={"action0": np.zeros(2, np.int64)}),
               st.lists(st.integers(2, 9), min_size=2, max_size=2)),  # envs it does not hold
 ).map(lambda r: r if isinstance(r, bytes) else pack(r))  # fmt: skip
 
@@ -72,8 +72,8 @@ def test_a_shard_answers_fuzzed_requests_and_serves_on(redis_url):
             assert thread.is_alive()
 
         fuzz()
-        ok = ask(pack(Message(STEP, 2, ENVS, arrays={"action": np.array([0, 1])})))
-        assert "fatal" not in ok.extra and ok.arrays["obs"].shape == (2, 4)
+        ok = ask(pack(Message(STEP, 2, ENVS, arrays={"action0": np.array([0, 1])})))
+        assert "fatal" not in ok.extra and ok.arrays["obs0"].shape == (2, 4)
         assert ask(pack(Message(CLOSE, 3, []))).op == CLOSE
         thread.join(timeout=10)
         assert result["exit"] == "closed"
