@@ -29,9 +29,10 @@ from tests.netrig import Host, NetRig
 CHUNK_ENV_STEPS = 8 * 16
 # Chunks are redelivered by Celery after 10 s (not 60), so redeliveries happen within a test.
 WORKER_ENV = {"CLUSTERENV_VISIBILITY_TIMEOUT": "10"}
+# The task's result is its JSON summary: the first chunk id and how many of its chunks it wrote.
 SUCCEEDED = re.compile(
     r"^\[(\S+ \S+): INFO/MainProcess\] Task clusterenv\.collect_chunk\[[^\]]+\] succeeded in "
-    r"[^:]+: \{'chunk': (\d+), 'worker': '[^']+', 'steps': \d+, 'transitions': (\d+)",
+    r"[^:]+: (\{.*\})$",
     re.M,
 )
 RECEIVED = re.compile(r"Task clusterenv\.collect_chunk\[[^\]]+\] received")
@@ -54,7 +55,6 @@ def learner_args(rig: NetRig, total_steps: int, lost_after_s: float) -> list[str
 class Write:
     t: float  # wall clock, from the worker's log
     chunk: int
-    transitions: int
     log: str
 
 
@@ -64,7 +64,9 @@ def writes(rig: NetRig, pattern: str = "w*.log") -> list[Write]:
     for log in rig.root.glob(pattern):
         for m in SUCCEEDED.finditer(log.read_text(errors="replace")):
             t = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            found.append(Write(t, int(m[2]), int(m[3]), log.name))
+            task = json.loads(m[2])
+            first = task["chunk"]
+            found += [Write(t, c, log.name) for c in range(first, first + task["chunks_done"])]
     return sorted(found, key=lambda w: w.t)
 
 
