@@ -337,7 +337,12 @@ def test_workers_on_a_given_broker_and_one_started_mid_run(redis_url, workers, t
         time.sleep(1.0)  # let its chunks reach the learner
         # An operator sees the run's progress from the broker alone.
         run_id = only_run_dir(tmp_path).name
-        (status,) = [s for s in broker_statuses(redis_url) if s["run_id"] == run_id]
+        deadline = time.monotonic() + 15  # the status is refreshed every 5 s
+        while True:
+            (status,) = [s for s in broker_statuses(redis_url) if s["run_id"] == run_id]
+            if status["env_steps"] > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         assert status["state"] == "running" and status["env_steps"] > 0, status
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
