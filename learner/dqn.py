@@ -7,6 +7,7 @@ allows it; `update(batch)` is the math alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,6 +64,14 @@ class DQNLearner:
         self.last_loss = float("nan")
         self._params = list(self.q.parameters())
 
+    def insert(self, header: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
+        """The ingest thread's sink: a chunk's transitions into replay; the rows inserted."""
+        a = arrays
+        self.replay.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
+        rows = len(a["action"])
+        self.limiter.on_insert(rows)
+        return rows
+
     def step(self) -> bool:
         """One update on a replay minibatch if the rate limiter allows one; whether it ran."""
         if not self.limiter.can_sample(self.cfg.batch_size):
@@ -103,6 +112,9 @@ class DQNLearner:
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.q.get_weights()
+
+    def metrics(self) -> dict[str, float | int | None]:
+        return {"losses/td_loss": self.last_loss, "learner/replay_size": self.replay.size}
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Both networks, safetensors-ready (the final checkpoint)."""

@@ -53,8 +53,11 @@ class SyncCounters:
 class RedisWeightClient:
     """Holds one policy version and decides, per chunk, whether to fetch a newer one."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, rule: SyncRule):
+    def __init__(
+        self, client: redis.Redis, keys: RunKeys, rule: SyncRule, kind: str = "epsilon_greedy"
+    ):
         self.client, self.keys, self.rule = client, keys, rule
+        self.kind = kind  # how the worker acts (pipeline/policy.py): which divergences apply
         self.version: int | None = None
         self.policy: NumpyMLP | None = None
         self.steps_since_fetch = 0
@@ -105,7 +108,7 @@ class RedisWeightClient:
         states = self._reference_states(header.get("ref"))
         if states is None or len(states) != len(arrays["q"]):
             return None
-        d = DIVERGENCES[measure](arrays["q"], self.policy(states), epsilon)
+        d = DIVERGENCES[self.kind][measure](arrays["q"], self.policy(states), epsilon)
         self.last_divergence = d
         return d
 
