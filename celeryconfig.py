@@ -1,7 +1,7 @@
 """Celery settings for clusterenv; every value can be overridden from the environment.
 
 Workers on any machine read the broker from CLUSTERENV_REDIS_URL:
-    CLUSTERENV_REDIS_URL=redis://HOST:6379/0 celery -A tasks worker --loglevel=INFO
+    CLUSTERENV_REDIS_URL=redis://HOST:6379/0 celery -A clusterenv.tasks worker --loglevel=INFO
 """
 
 import os

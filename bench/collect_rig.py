@@ -24,15 +24,20 @@ from typing import Any
 import numpy as np
 import psutil
 
-from learner.replay import ReplayBuffer
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from pipeline.chunks.runtime import WorkerRuntime
-from pipeline.chunks.stream import StreamReader, transition_specs
-from pipeline.cluster.celery_client import celery_client
-from pipeline.cluster.embedded import EmbeddedServer, LocalWorkers, Stack, _die_with_parent
-from pipeline.connect import connect
-from pipeline.keys import RunKeys
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.chunks.runtime import WorkerRuntime
+from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.cluster.celery_client import celery_client
+from clusterenv.pipeline.cluster.embedded import (
+    EmbeddedServer,
+    LocalWorkers,
+    Stack,
+    _die_with_parent,
+)
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.sync.source import RedisWeightSource
 
 ENV = "CartPole-v1"
 OBS_SHAPE, NUM_ACTIONS = (4,), 2
@@ -66,9 +71,9 @@ class TunedWorkers(LocalWorkers):
             f"tuned{i}-{self.tag}@%h",
         ]
         boot = (
-            "import json, sys, celeryconfig\n"
+            "import json, sys; from clusterenv import celeryconfig\n"
             "for k, v in json.loads(sys.argv[1]).items(): setattr(celeryconfig, k, v)\n"
-            "from tasks import app\n"
+            "from clusterenv.tasks import app\n"
             "app.worker_main(json.loads(sys.argv[2]))\n"
         )
         cmd = [sys.executable, "-c", boot, json.dumps(self.settings), json.dumps(argv)]

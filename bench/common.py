@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# `clusterenv train` run by this interpreter, as every benchmark that times whole runs starts it.
+TRAIN = [sys.executable, "-m", "clusterenv.learner.cli", "train"]
 
 
 def machine() -> dict[str, Any]:
@@ -91,6 +93,13 @@ def write_results(name: str, payload: dict[str, Any], out: Path | None = None) -
     tmp.write_text(json.dumps(doc, indent=2, default=_jsonable) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out a matplotlib figure and write it to `path` (folders made as needed)."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def _jsonable(value: Any) -> Any:

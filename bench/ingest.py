@@ -1,8 +1,8 @@
 """Ingest: transitions/s the learner reads from the stream, decodes, validates, inserts and acks.
 
 A stream on an embedded server is pre-filled with chunks of CartPole-sized transitions encoded by
-`pipeline.codec.encode_chunk` with the header fields workers write. The full path is
-`StreamReader.poll()` into a `learner.replay.ReplayBuffer` (read, decode, validate, dedupe,
+`clusterenv.pipeline.codec.encode_chunk` with the header fields workers write. The full path is
+`StreamReader.poll()` into a `clusterenv.learner.replay.ReplayBuffer` (read, decode, validate, dedupe,
 insert, ack + delete); the bare path is XREADGROUP + np.frombuffer + XACK only. Optionally, one
 `clusterenv train` run gives the ingest thread's CPU share of the learner's wall time.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -22,13 +21,13 @@ from typing import Any
 import numpy as np
 import redis
 
-from bench.common import mark_start, median, table, write_results
-from learner.replay import ReplayBuffer
-from pipeline.chunks.stream import StreamReader, check_content, transition_specs
-from pipeline.cluster.embedded import EmbeddedServer
-from pipeline.codec import decode_chunk, encode_chunk
-from pipeline.connect import connect
-from pipeline.keys import ARRAY_FIELD_PREFIX, RunKeys
+from bench.common import TRAIN, mark_start, median, table, write_results
+from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.pipeline.chunks.stream import StreamReader, check_content, transition_specs
+from clusterenv.pipeline.cluster.embedded import EmbeddedServer
+from clusterenv.pipeline.codec import decode_chunk, encode_chunk
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import ARRAY_FIELD_PREFIX, RunKeys
 
 OBS_SHAPE, NUM_ACTIONS = (4,), 2
 SPECS = transition_specs(np.float32, OBS_SHAPE)
@@ -141,7 +140,7 @@ def parts(chunks: list[dict[bytes, bytes]], run_id: str, rows: int) -> dict[str,
 def train_share(seed: int, extra: list[str]) -> dict[str, Any]:
     """One default `clusterenv train` run; the ingest thread's CPU time over learner wall time."""
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
-        cmd = [sys.executable, "-m", "learner.cli", "train", "--seed", str(seed), "--run-dir", tmp]
+        cmd = [*TRAIN, "--seed", str(seed), "--run-dir", tmp]
         t0 = time.perf_counter()
         subprocess.run([*cmd, *extra], check=True, stdout=subprocess.DEVNULL)
         process_wall = time.perf_counter() - t0

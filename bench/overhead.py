@@ -1,6 +1,6 @@
 """Pipeline overhead: one Celery worker collecting through Redis versus the same loop in-process.
 
-Both sides step the same `pipeline.chunks.actor.Actor` (SyncVectorEnv of CartPole-v1) with the same
+Both sides step the same `clusterenv.pipeline.chunks.actor.Actor` (SyncVectorEnv of CartPole-v1) with the same
 fixed 256-256 `NumpyMLP` and epsilon-greedy. The pipeline side sends `collect_chunk` tasks to ONE
 local worker (two in flight) and reads the stream into a learner-side ReplayBuffer; its rate is env
 steps between chunk arrivals after a warm-up. Each repeat runs the in-process loop, the pipeline
@@ -21,8 +21,8 @@ import numpy as np
 
 from bench.collect_rig import ENV, NUM_ACTIONS, OBS_SHAPE, one_worker
 from bench.common import mark_start, median, table, write_results
-from pipeline.chunks.actor import Actor, env_seeds, make_vector_env
-from pipeline.policy import NumpyMLP, epsilon_greedy
+from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
+from clusterenv.pipeline.policy import NumpyMLP, epsilon_greedy
 
 TARGET = 0.85
 
@@ -31,7 +31,7 @@ def fixed_weights(seed: int) -> dict[str, np.ndarray]:
     """A freshly initialised 256-256 Q-network, as the learner would publish as version 0."""
     import torch
 
-    from learner.dqn import QNetwork
+    from clusterenv.learner.dqn import QNetwork
 
     torch.manual_seed(seed)
     return QNetwork(int(np.prod(OBS_SHAPE)), NUM_ACTIONS, [256, 256]).get_weights()

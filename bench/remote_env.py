@@ -30,12 +30,12 @@ import numpy as np
 
 from bench.common import table, write_results
 from bench.envs import SLOW_CARTPOLE
-from pipeline.cluster.celery_client import celery_client
-from pipeline.cluster.embedded import Stack
-from pipeline.connect import connect
-from pipeline.keys import celery_echo
-from pipeline.remote_env import RemoteVectorEnv
-from pipeline.remote_env.messages import ECHO_TASK
+from clusterenv.pipeline.cluster.celery_client import celery_client
+from clusterenv.pipeline.cluster.embedded import Stack
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import celery_echo
+from clusterenv.pipeline.remote_env import RemoteVectorEnv
+from clusterenv.pipeline.remote_env.messages import ECHO_TASK
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = "CartPole-v1"

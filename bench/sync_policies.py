@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS_DIR, median, table, write_results
-from learner.report import first_solve, load_run
-from pipeline.sync.rules import Aps, parse_sync
+from bench.common import RESULTS_DIR, TRAIN, median, save_figure, table, write_results
+from clusterenv.learner.report import first_solve, load_run
+from clusterenv.pipeline.sync.rules import Aps, parse_sync
 
 # tv and kl tolerances are paired: with two actions a greedy flip costs (1-ε) in tv and about
 # 3.7 nats in kl at ε = 0.04, so tv 0.1 / 0.3 fire at about the flip rates kl 0.3 / 1 do.
@@ -50,7 +50,7 @@ def run_one(env: str, rule: str, seed: int, runs_dir: Path) -> dict[str, Any]:
     spec = ENVS[env]
     parent = Path(tempfile.mkdtemp(prefix="sync-", dir=runs_dir))
     cmd = [
-        sys.executable, "-m", "learner.cli", "train", "--env", env, "--seed", str(seed),
+        *TRAIN, "--env", env, "--seed", str(seed),
         "--sync", rule, "--total-steps", str(spec["budget"]), "--target-return", "1e9",
         "--workers", str(WORKERS), "--run-dir", str(parent), *spec["flags"],
     ]  # fmt: skip
@@ -162,9 +162,7 @@ def plot(
         ax.set_ylabel("env steps to the solved level (at the top: not solved)")
         ax.axhline(ENVS[env]["budget"], color="grey", lw=0.5)
         ax.set_title(f"{env}: bytes vs sample efficiency (outlined: Pareto front)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import mark_start, median, table, write_results
+from bench.common import TRAIN, mark_start, median, save_figure, table, write_results
 
 # RL-Zoo hyperparams/dqn.yml, CartPole-v1 (n_timesteps there is 5e4; the budget here is a flag).
 RL_ZOO_CARTPOLE = {
@@ -84,10 +83,7 @@ def clusterenv_run(
     """
     with tempfile.TemporaryDirectory(prefix="bench-tts-") as tmp:
         cmd = [
-            sys.executable,
-            "-m",
-            "learner.cli",
-            "train",
+            *TRAIN,
             "--seed",
             str(seed),
             "--run-dir",
@@ -254,9 +250,7 @@ def plot_vs_workers(systems: dict[str, list[str]], summary: dict[str, Any], path
     ax.set_ylabel("wall time to solve (s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
 
 

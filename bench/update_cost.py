@@ -17,10 +17,10 @@ import torch
 
 from bench.common import mark_start, table, write_results
 from bench.time_to_solve import RL_ZOO_CARTPOLE
-from learner.config import DQNConfig
-from learner.dqn import DQNLearner
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
+from clusterenv.learner.config import DQNConfig
+from clusterenv.learner.dqn import DQNLearner
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
 
 ROWS = 20_000
 

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from pipeline.remote_env import RemoteVectorEnv
+from clusterenv.pipeline.remote_env import RemoteVectorEnv
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch.nn as nn
 import tyro
 from torch.distributions.categorical import Categorical
 
-from pipeline.remote_env import RemoteVectorEnv
+from clusterenv.pipeline.remote_env import RemoteVectorEnv
 
 
 @dataclass

@@ -1,1 +1,27 @@
-"""Algorithms and their state: replay, DQN, rate limiter, evaluation, checkpoints."""
+"""Algorithms and their state: replay, DQN, rate limiter, evaluation, checkpoints; and `main`,
+the `clusterenv` command, which also answers on an install without the `learner` extra."""
+
+import sys
+from importlib.metadata import version
+
+# The `learner` extra (pyproject.toml): a worker's base install has none of these.
+LEARNER_EXTRA = ("torch", "tqdm", "matplotlib", "tyro")
+
+
+def main() -> int:
+    """`clusterenv`: the CLI, or a one-line hint where the learner's dependencies are missing."""
+    try:
+        from clusterenv.learner.cli import main as cli
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in LEARNER_EXTRA:
+            raise
+        if sys.argv[1:] == ["--version"]:
+            print(f"clusterenv {version('clusterenv')} (without the learner extra)")
+            return 0
+        print(
+            f"clusterenv: error: {exc.name} is not installed; the learner needs the `learner` "
+            "extra: pip install 'clusterenv[learner]'",
+            file=sys.stderr,
+        )
+        return 2
+    return cli()

@@ -10,7 +10,18 @@ from typing import Any
 
 import numpy as np
 
-from learner.ingest import Arrival
+from clusterenv.learner.ingest import Arrival
+
+
+def id_ranges(ids: set[int]) -> list[list[int]]:
+    """Integers as inclusive [first, last] runs: the accepted chunk ids, short in summary.json."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return runs
 
 
 class RunAccounting:

@@ -15,12 +15,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from learner.config import TrainConfig
-from learner.dqn import DQNLearner
-from learner.ppo import PPOLearner
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
-from pipeline.codec import ArraySpec
+from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.dqn import DQNLearner
+from clusterenv.learner.ppo import PPOLearner
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.pipeline.codec import ArraySpec
 
 
 class Learner(Protocol):

@@ -16,9 +16,9 @@ from typing import Annotated, Any
 
 import tyro
 
-from learner.config import TrainConfig
+from clusterenv.learner.config import TrainConfig
 
-WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A tasks worker --loglevel=INFO"
+WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A clusterenv.tasks worker --loglevel=INFO"
 USAGE = """usage: clusterenv {train,eval,report,status} [--help] | --version
 
   train    train Double DQN (embedded server and local workers unless --redis-url)
@@ -103,7 +103,7 @@ def parse(kind: type, argv: list[str], prog: str, default: Any = None) -> Any:
 
 def parse_train(argv: list[str]) -> TrainConfig:
     """Flags on top of the env's preset (learner/presets.toml), or on the plain defaults."""
-    from learner.presets import defaults_for, preset_choice
+    from clusterenv.learner.presets import defaults_for, preset_choice
 
     try:
         default = defaults_for(*preset_choice(argv))
@@ -117,10 +117,10 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 
 
 def train(cfg: TrainConfig) -> int:
-    from learner.envs import env_spaces
-    from learner.trainer import RunFailed, Trainer
-    from pipeline.cluster.embedded import Stack, WorkersDidNotStart
-    from pipeline.connect import RedisUnreachable, connect
+    from clusterenv.learner.envs import env_spaces
+    from clusterenv.learner.trainer import RunFailed, Trainer
+    from clusterenv.pipeline.cluster.embedded import Stack, WorkersDidNotStart
+    from clusterenv.pipeline.connect import RedisUnreachable, connect
 
     try:
         cfg.validate()
@@ -169,7 +169,7 @@ def train(cfg: TrainConfig) -> int:
 
 
 def _wait_for_workers(client, url: str, timeout_s: float = 600.0) -> None:
-    from pipeline.cluster.registry import WorkerRegistry
+    from clusterenv.pipeline.cluster.registry import WorkerRegistry
 
     registry = WorkerRegistry(client)
     if registry.alive_processes() > 0:
@@ -186,7 +186,7 @@ def _wait_for_workers(client, url: str, timeout_s: float = 600.0) -> None:
 
 
 def report(args: ReportArgs) -> int:
-    from learner.report import write_report
+    from clusterenv.learner.report import write_report
 
     if not args.run_dirs:
         raise CliError("report needs at least one run directory")
@@ -199,7 +199,7 @@ def report(args: ReportArgs) -> int:
 
 
 def evaluate(args: EvalArgs) -> int:
-    from learner.eval_checkpoint import evaluate_checkpoint
+    from clusterenv.learner.eval_checkpoint import evaluate_checkpoint
 
     try:
         print(evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, args.video))
@@ -213,8 +213,8 @@ def status(args: StatusArgs) -> int:
 
     import redis
 
-    from learner.status import read_statuses, status_line
-    from pipeline.connect import RedisUnreachable, connect
+    from clusterenv.learner.status import read_statuses, status_line
+    from clusterenv.pipeline.connect import RedisUnreachable, connect
 
     url = args.redis_url or os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
     try:

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 from tyro.conf import arg
 from tyro.constructors import PrimitiveConstructorSpec
 
-from pipeline.chunks.dispatcher import DispatchConfig
-from pipeline.sync.rules import DEFAULT_SYNC, parse_sync
+from clusterenv.pipeline.chunks.dispatcher import DispatchConfig
+from clusterenv.pipeline.sync.rules import DEFAULT_SYNC, parse_sync
 
 
 def _json_object(args: list[str]) -> dict[str, Any]:

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from learner.config import DQNConfig
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
+from clusterenv.learner.config import DQNConfig
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
 
 
 class QNetwork(nn.Module):
@@ -35,7 +35,7 @@ class QNetwork(nn.Module):
         return self.layers[-1](x)
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        """Numpy copies named `layers.{i}.weight|bias`, the names pipeline.policy.NumpyMLP reads."""
+        """Numpy copies named `layers.{i}.weight|bias`, the names clusterenv.pipeline.policy.NumpyMLP reads."""
         return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from pipeline.codec import decode_weights
-from pipeline.evaluation.runner import greedy_returns
-from pipeline.policy import NumpyMLP
+from clusterenv.pipeline.codec import decode_weights
+from clusterenv.pipeline.evaluation.runner import greedy_returns
+from clusterenv.pipeline.policy import NumpyMLP
 
 # The trainer's checkpoints hold the online network under this prefix (and the target under
 # `target.`); the rest of each name is what NumpyMLP reads.

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from pipeline.chunks.actor import eval_seeds
-from pipeline.evaluation.request import EVALUATE_TASK, EvalRequest
-from pipeline.keys import RunKeys
-from pipeline.roles import SendTask
+from clusterenv.pipeline.chunks.actor import eval_seeds
+from clusterenv.pipeline.evaluation.request import EVALUATE_TASK, EvalRequest
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.roles import SendTask
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.roles import TransitionReader
+from clusterenv.pipeline.roles import TransitionReader
 
 log = logging.getLogger(__name__)
 

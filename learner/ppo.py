@@ -27,10 +27,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from learner.config import PPOConfig, hidden_sizes
-from learner.dqn import QNetwork
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
+from clusterenv.learner.config import PPOConfig, hidden_sizes
+from clusterenv.learner.dqn import QNetwork
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
 
 
 # --- advantages: GAE over one chunk, env by env -----------------------------------------------

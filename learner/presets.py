@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from learner.config import TrainConfig
+from clusterenv.learner.config import TrainConfig
 
 PRESETS_FILE = Path(__file__).with_name("presets.toml")
 

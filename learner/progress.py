@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from tqdm import tqdm
 
-from learner.status import RunStatus
+from clusterenv.learner.status import RunStatus
 
 
 class Progress:

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from learner.config import WeightSyncConfig
-from learner.replay import ReplayBuffer
-from pipeline.policy import NumpyMLP
-from pipeline.roles import WeightSource
+from clusterenv.learner.config import WeightSyncConfig
+from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.roles import WeightSource
 
 
 class Publisher:

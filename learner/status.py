@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 
-from pipeline.keys import RUN_STATUS_PATTERN, RunKeys
+from clusterenv.pipeline.keys import RUN_STATUS_PATTERN, RunKeys
 
 log = logging.getLogger(__name__)
 

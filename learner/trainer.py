@@ -21,26 +21,26 @@ import redis
 import torch
 from kombu.exceptions import OperationalError
 
-from learner.accounting import RunAccounting
-from learner.checkpoint import save_checkpoint
-from learner.config import TrainConfig
-from learner.dqn import DQNLearner
-from learner.envs import env_spaces
-from learner.evaluation import EvalResult, RemoteEvaluation
-from learner.ingest import Ingest
-from learner.metrics import MetricsWriter
-from learner.progress import Progress
-from learner.publisher import Publisher
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
-from learner.status import RunStatus
-from pipeline.chunks.dispatcher import Dispatcher
-from pipeline.chunks.stream import StreamReader, transition_specs
-from pipeline.cluster.celery_client import celery_client
-from pipeline.cluster.registry import WorkerRegistry
-from pipeline.connect import connect
-from pipeline.keys import RunKeys
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.learner.accounting import RunAccounting, id_ranges
+from clusterenv.learner.checkpoint import save_checkpoint
+from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.dqn import DQNLearner
+from clusterenv.learner.envs import env_spaces
+from clusterenv.learner.evaluation import EvalResult, RemoteEvaluation
+from clusterenv.learner.ingest import Ingest
+from clusterenv.learner.metrics import MetricsWriter
+from clusterenv.learner.progress import Progress
+from clusterenv.learner.publisher import Publisher
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.learner.status import RunStatus
+from clusterenv.pipeline.chunks.dispatcher import Dispatcher
+from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.cluster.celery_client import celery_client
+from clusterenv.pipeline.cluster.registry import WorkerRegistry
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.sync.source import RedisWeightSource
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class Trainer:
             connect(redis_url, blocking=True), self.keys,
             transition_specs(obs_space.dtype, obs_space.shape), num_actions,
         )  # fmt: skip
-        self.reader_stats = reader.stats
+        self.reader_stats, self.accepted_chunks = reader.stats, reader.seen
         self.ingest = Ingest(
             reader, self.replay, self.limiter,
             lambda version: self.publisher.lag(version, self.learner.updates),
@@ -339,6 +339,9 @@ class Trainer:
             "ingest": vars(self.reader_stats),
             "ingest_cpu_fraction": round(self.ingest.cpu_s / max(wall, 1e-9), 4),
             "lost_chunks": self.dispatcher.lost,
+            "late_chunks": self.dispatcher.late,
+            # Which chunk ids reached replay, each once: the evidence a fault test checks.
+            "accepted_chunk_ids": id_ranges(self.accepted_chunks),
             "broker_recoveries": acc.broker_recoveries,
             "sync_rule": self.cfg.weights.sync,
             **acc.summary(),

@@ -19,7 +19,7 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from pipeline.keys import ARRAY_FIELD_PREFIX, FIELD_HEADER
+from clusterenv.pipeline.keys import ARRAY_FIELD_PREFIX, FIELD_HEADER
 
 CODEC_VERSION = 1
 

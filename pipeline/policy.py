@@ -2,7 +2,7 @@
 
 Workers act with numpy rather than torch: for CartPole-sized nets it is faster per step and keeps
 torch out of the worker's hot loop. Weight names follow `layers.{i}.weight` / `layers.{i}.bias`,
-as `learner.dqn.QNetwork.get_weights` and `learner.ppo.PolicyNetwork` write them. The outputs are
+as `clusterenv.learner.dqn.QNetwork.get_weights` writes them (for PPO, of its policy network). The outputs are
 Q-values (DQN: act ε-greedily) or logits (PPO: sample the categorical policy); evaluation is
 greedy (argmax) either way.
 """

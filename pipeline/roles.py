@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pipeline.policy import NumpyMLP
+from clusterenv.pipeline.policy import NumpyMLP
 
 Sink = Callable[[dict[str, Any], dict[str, np.ndarray]], None]
 # How the learner's dispatch and evaluation send a task: (task name, JSON kwargs).

@@ -1,4 +1,4 @@
-"""Celery app and worker tasks; `celery -A tasks worker` finds `tasks.app` here."""
+"""Celery app and worker tasks; `celery -A clusterenv.tasks worker` finds `clusterenv.tasks.app` here."""
 
 import os
 
@@ -6,6 +6,6 @@ import os
 # workers for cores (bench/overhead.py: worker CPU per 16×64 chunk fell from 49 to 28 ms).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from tasks.app import app  # noqa: E402
+from clusterenv.tasks.app import app  # noqa: E402
 
 __all__ = ["app"]

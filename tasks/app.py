@@ -7,12 +7,15 @@ from typing import Any
 
 from celery import Celery, bootsteps
 
-from pipeline.cluster.heartbeat import Heartbeat
-from pipeline.cluster.registry import WorkerRegistry
-from pipeline.connect import connect
+from clusterenv.pipeline.cluster.heartbeat import Heartbeat
+from clusterenv.pipeline.cluster.registry import WorkerRegistry
+from clusterenv.pipeline.connect import connect
 
-app = Celery("clusterenv", include=["tasks.collect", "tasks.evaluate", "tasks.env_shard"])
-app.config_from_object("celeryconfig")
+app = Celery(
+    "clusterenv",
+    include=["clusterenv.tasks.collect", "clusterenv.tasks.evaluate", "clusterenv.tasks.env_shard"],
+)
+app.config_from_object("clusterenv.celeryconfig")
 
 
 class JsonResult:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from pipeline.chunks.runtime import WorkerRuntime
-from pipeline.connect import connect
-from tasks.app import JsonResult, app
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.chunks.runtime import WorkerRuntime
+from clusterenv.pipeline.connect import connect
+from clusterenv.tasks.app import JsonResult, app
 
 _runtime: WorkerRuntime | None = None
 

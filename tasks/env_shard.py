@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.connect import connect
-from pipeline.keys import celery_echo
-from pipeline.remote_env.messages import ECHO_TASK, HOST_SHARD_TASK, ShardSpec
-from pipeline.remote_env.shard import Shard
-from tasks.app import app
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import celery_echo
+from clusterenv.pipeline.remote_env.messages import ECHO_TASK, HOST_SHARD_TASK, ShardSpec
+from clusterenv.pipeline.remote_env.shard import Shard
+from clusterenv.tasks.app import app
 
 
 # acks_late=False on purpose: the global acks_late=True would leave this hours-long task unacked,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pipeline.connect import connect
-from pipeline.evaluation.request import EVALUATE_TASK, EvalRequest
-from pipeline.evaluation.runner import EvalRunner
-from tasks.app import JsonResult, app
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.evaluation.request import EVALUATE_TASK, EvalRequest
+from clusterenv.pipeline.evaluation.runner import EvalRunner
+from clusterenv.tasks.app import JsonResult, app
 
 _runner: EvalRunner | None = None
 

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from pipeline.cluster.celery_client import celery_client
-from pipeline.cluster.embedded import EmbeddedServer, LocalWorkers
-from pipeline.connect import connect
+from clusterenv.pipeline.cluster.celery_client import celery_client
+from clusterenv.pipeline.cluster.embedded import EmbeddedServer, LocalWorkers
+from clusterenv.pipeline.connect import connect
+from tests.netrig import NetRig
+from tests.netrig import unavailable as netrig_unavailable
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +42,7 @@ def client(redis_url: str) -> redis.Redis:
 
 @pytest.fixture(scope="session")
 def workers(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorkers]:
-    """Two real `celery -A tasks worker` processes for the whole session."""
+    """Two real `celery -A clusterenv.tasks worker` processes for the whole session."""
     log = Path(tmp_path_factory.mktemp("workers")) / "workers.log"
     pool = LocalWorkers(redis_url, 2, log_path=log)
     pool.start()
@@ -61,3 +63,25 @@ def run_id() -> str:
 def celery_app(redis_url: str):
     """A client-side Celery app on the test broker (sends tasks by name; never eager)."""
     return celery_client(redis_url, "clusterenv-tests")
+
+
+@pytest.fixture
+def net_rig(tmp_path: Path) -> Iterator[Callable[..., NetRig]]:
+    """`net_rig(workers=2, one_way_ms=0.0)` builds a NetRig (tests/netrig.py); every rig built
+    is torn down after the test, whatever happened, and must have left nothing running."""
+    reason = netrig_unavailable()
+    if reason:
+        pytest.skip(f"no network-namespace rig here: {reason}")
+    rigs: list[NetRig] = []
+
+    def build(workers: int = 2, one_way_ms: float = 0.0) -> NetRig:
+        rig = NetRig(workers, one_way_ms, root=tmp_path / f"rig{len(rigs)}")
+        rigs.append(rig)
+        rig.build()
+        return rig
+
+    try:
+        yield build
+    finally:
+        leaks = [leak for rig in rigs for leak in rig.close()]
+    assert not leaks, f"left behind in the rig: {leaks}"

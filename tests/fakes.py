@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import redis
 
-from pipeline.policy import NumpyMLP
+from clusterenv.pipeline.policy import NumpyMLP
 
 # Reference states and a small CartPole-shaped net, shared by the sync tests.
 REF = np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32)

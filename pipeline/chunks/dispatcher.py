@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from pipeline.roles import SendTask
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.roles import SendTask
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Dispatcher:
         self.next_id = 0
         self.in_flight: dict[int, float] = {}
         self.lost = 0
+        self.late = 0  # chunks that arrived after they had been written off
         self._slots = 0
         self._slots_at = -float("inf")
 
@@ -99,4 +100,5 @@ class Dispatcher:
         return count
 
     def arrived(self, chunk_id: int) -> None:
-        self.in_flight.pop(chunk_id, None)
+        if self.in_flight.pop(chunk_id, None) is None and chunk_id < self.next_id:
+            self.late += 1

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.policy import POLICY_KINDS
-from pipeline.sync.rules import DEFAULT_SYNC, parse_sync
-from pipeline.task_args import TaskArgs, TaskArgsError
+from clusterenv.pipeline.policy import POLICY_KINDS
+from clusterenv.pipeline.sync.rules import DEFAULT_SYNC, parse_sync
+from clusterenv.pipeline.task_args import TaskArgs, TaskArgsError
 
 COLLECT_CHUNK_TASK = "clusterenv.collect_chunk"
 # A task stays short enough that a lost worker costs little and Celery's visibility timeout holds.

@@ -9,14 +9,14 @@ from typing import Any
 import numpy as np
 import redis
 
-from pipeline.chunks.actor import Act, Actor, env_seeds, make_vector_env
-from pipeline.chunks.request import ChunkRequest
-from pipeline.chunks.stream import StreamWriter
-from pipeline.keys import RunKeys
-from pipeline.policy import NumpyMLP, epsilon_greedy, sample_categorical
-from pipeline.roles import TransitionWriter, WeightClient
-from pipeline.sync.client import RedisWeightClient
-from pipeline.sync.rules import parse_sync
+from clusterenv.pipeline.chunks.actor import Act, Actor, env_seeds, make_vector_env
+from clusterenv.pipeline.chunks.request import ChunkRequest
+from clusterenv.pipeline.chunks.stream import StreamWriter
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.policy import NumpyMLP, epsilon_greedy, sample_categorical
+from clusterenv.pipeline.roles import TransitionWriter, WeightClient
+from clusterenv.pipeline.sync.client import RedisWeightClient
+from clusterenv.pipeline.sync.rules import parse_sync
 
 
 @dataclass

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import redis
 
-from pipeline.codec import ArraySpec, CodecError, decode_chunk, encode_chunk
-from pipeline.keys import RunKeys
-from pipeline.roles import Sink
+from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk, encode_chunk
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.roles import Sink
 
 log = logging.getLogger(__name__)
 

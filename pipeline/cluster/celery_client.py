@@ -8,6 +8,6 @@ from celery import Celery
 def celery_client(redis_url: str, name: str = "clusterenv-client") -> Celery:
     """A Celery app configured from `celeryconfig`, sending to `redis_url`; never the current app."""
     app = Celery(name, set_as_current=False)
-    app.config_from_object("celeryconfig")
+    app.config_from_object("clusterenv.celeryconfig")
     app.conf.broker_url = redis_url
     return app

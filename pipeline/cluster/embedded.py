@@ -15,12 +15,13 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
 
-from pipeline.cluster.registry import WorkerRegistry
-from pipeline.connect import connect
+from clusterenv.pipeline.cluster.registry import WorkerRegistry
+from clusterenv.pipeline.connect import connect
 
 _PR_SET_PDEATHSIG = 1
 
@@ -36,12 +37,19 @@ def _die_with_parent() -> None:
 
 
 class LocalWorkers:
-    """N `celery -A tasks worker --pool solo` processes on this machine."""
+    """N `celery -A clusterenv.tasks worker --pool solo` processes on this machine; `launcher` is put before
+    each command (e.g. `ip netns exec NS`, to run it in another network namespace)."""
 
     def __init__(
-        self, redis_url: str, count: int, log_path: Path | None = None, queue: str | None = None
+        self,
+        redis_url: str,
+        count: int,
+        log_path: Path | None = None,
+        queue: str | None = None,
+        launcher: Sequence[str] = (),
     ):
         self.redis_url, self.count, self.log_path, self.queue = redis_url, count, log_path, queue
+        self.launcher = list(launcher)
         self.procs: list[subprocess.Popen] = []
         self.tag = uuid.uuid4().hex[:6]
 
@@ -50,7 +58,7 @@ class LocalWorkers:
 
     def _spawn(self, i: int, env: dict[str, str], log) -> subprocess.Popen:
         cmd = [
-            sys.executable, "-m", "celery", "-A", "tasks", "worker",
+            *self.launcher, sys.executable, "-m", "celery", "-A", "clusterenv.tasks", "worker",
             "--pool", "solo", "--loglevel", "INFO",
             "--hostname", f"local{i}-{self.tag}@%h",
         ]  # fmt: skip

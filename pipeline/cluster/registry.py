@@ -8,8 +8,8 @@ import json
 
 import redis
 
-from pipeline.cluster.heartbeat import Heartbeat
-from pipeline.keys import WORKER_HEARTBEAT_PATTERN, worker_heartbeat
+from clusterenv.pipeline.cluster.heartbeat import Heartbeat
+from clusterenv.pipeline.keys import WORKER_HEARTBEAT_PATTERN, worker_heartbeat
 
 
 class WorkerRegistry:

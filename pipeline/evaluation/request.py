@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.task_args import TaskArgs, TaskArgsError
+from clusterenv.pipeline.task_args import TaskArgs, TaskArgsError
 
 EVALUATE_TASK = "clusterenv.evaluate"
 

@@ -14,12 +14,12 @@ import gymnasium as gym
 import numpy as np
 import redis
 
-from pipeline.chunks.actor import make_vector_env
-from pipeline.codec import decode_weights
-from pipeline.evaluation.request import EvalRequest
-from pipeline.keys import RunKeys
-from pipeline.policy import NumpyMLP
-from pipeline.sync.client import read_weights
+from clusterenv.pipeline.chunks.actor import make_vector_env
+from clusterenv.pipeline.codec import decode_weights
+from clusterenv.pipeline.evaluation.request import EvalRequest
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.sync.client import read_weights
 
 # The learner reads results within seconds; a result nobody reads must not stay forever.
 RESULTS_TTL_S = 3600

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from pipeline.cluster.celery_client import celery_client
-from pipeline.cluster.heartbeat import Heartbeat
-from pipeline.cluster.registry import WorkerRegistry
-from pipeline.connect import connect
-from pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
-from pipeline.remote_env.messages import (
+from clusterenv.pipeline.cluster.celery_client import celery_client
+from clusterenv.pipeline.cluster.heartbeat import Heartbeat
+from clusterenv.pipeline.cluster.registry import WorkerRegistry
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
+from clusterenv.pipeline.remote_env.messages import (
     CLOSE,
     HELLO,
     HOST_SHARD_TASK,
@@ -188,7 +188,7 @@ class ShardGroup:
             f"{len(refs)} shard(s) of {self.env_id!r} (envs {envs}) were not started by any worker "
             f"within {self.placement_timeout_s:.0f} s; {alive} idle worker process(es) on "
             f"{self.redis_url}. A shard holds one worker process while its env is open: start "
-            f"more workers (`celery -A tasks worker`), close other remote envs, or pass shards=..."
+            f"more workers (`celery -A clusterenv.tasks worker`), close other remote envs, or pass shards=..."
         )
 
     def _pop(self, count: int, timeout: float, pipe: Any = None) -> list[Message]:

@@ -11,8 +11,14 @@ import numpy as np
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 
-from pipeline.codec import CodecError, decode_tree, encode_tree, pack_message, unpack_message
-from pipeline.task_args import TaskArgs, TaskArgsError
+from clusterenv.pipeline.codec import (
+    CodecError,
+    decode_tree,
+    encode_tree,
+    pack_message,
+    unpack_message,
+)
+from clusterenv.pipeline.task_args import TaskArgs, TaskArgsError
 
 HOST_SHARD_TASK = "clusterenv.host_shard"
 ECHO_TASK = "clusterenv.echo"

@@ -16,7 +16,7 @@ import numpy as np
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 
-from pipeline.remote_env.vector_env import RemoteVectorEnv
+from clusterenv.pipeline.remote_env.vector_env import RemoteVectorEnv
 
 try:
     from stable_baselines3.common.vec_env.base_vec_env import (
@@ -27,7 +27,7 @@ try:
     )
 except ImportError as exc:  # the message says what to install, not just what is missing
     raise ImportError(
-        "pipeline.remote_env.sb3 needs stable-baselines3 (pip install stable-baselines3)"
+        "clusterenv.pipeline.remote_env.sb3 needs stable-baselines3 (pip install stable-baselines3)"
     ) from exc
 
 

@@ -21,10 +21,10 @@ import redis
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 
-from pipeline.cluster.heartbeat import Heartbeat
-from pipeline.codec import CodecError
-from pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
-from pipeline.remote_env.messages import (
+from clusterenv.pipeline.cluster.heartbeat import Heartbeat
+from clusterenv.pipeline.codec import CodecError
+from clusterenv.pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
+from clusterenv.pipeline.remote_env.messages import (
     ADOPT,
     CALL,
     CALL_KINDS,
@@ -38,7 +38,7 @@ from pipeline.remote_env.messages import (
     pack,
     unpack,
 )
-from pipeline.remote_env.spaces import Rows, from_leaves, leaf_spaces, space_to_tree
+from clusterenv.pipeline.remote_env.spaces import Rows, from_leaves, leaf_spaces, space_to_tree
 
 # How long one BLPOP waits before the loop looks at its exit conditions again.
 POLL_S = 1.0

@@ -14,8 +14,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from pipeline.codec import ALLOWED_DTYPES
-from pipeline.remote_env.messages import Message
+from clusterenv.pipeline.codec import ALLOWED_DTYPES
+from clusterenv.pipeline.remote_env.messages import Message
 
 ARRAY_SPACES = (
     gym.spaces.Box,

@@ -19,11 +19,17 @@ from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from pipeline.cluster.embedded import Stack
-from pipeline.remote_env.columns import Batch, ShardColumns
-from pipeline.remote_env.group import RemoteEnvError, ShardGroup
-from pipeline.remote_env.messages import EnvTarget, RemoteEnvOptions
-from pipeline.remote_env.spaces import from_leaves, leaf_spaces, leaves, restore, space_from_tree
+from clusterenv.pipeline.cluster.embedded import Stack
+from clusterenv.pipeline.remote_env.columns import Batch, ShardColumns
+from clusterenv.pipeline.remote_env.group import RemoteEnvError, ShardGroup
+from clusterenv.pipeline.remote_env.messages import EnvTarget, RemoteEnvOptions
+from clusterenv.pipeline.remote_env.spaces import (
+    from_leaves,
+    leaf_spaces,
+    leaves,
+    restore,
+    space_from_tree,
+)
 
 
 class RemoteVectorEnv(gym.vector.VectorEnv):

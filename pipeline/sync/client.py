@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import redis
 
-from pipeline.codec import ArraySpec, CodecError, decode_chunk, decode_weights
-from pipeline.keys import RunKeys
-from pipeline.policy import NumpyMLP
-from pipeline.roles import SyncRule
-from pipeline.sync.divergence import DIVERGENCES
+from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk, decode_weights
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.roles import SyncRule
+from clusterenv.pipeline.sync.divergence import DIVERGENCES
 
 
 def _size(fields: Mapping[bytes, bytes]) -> int:

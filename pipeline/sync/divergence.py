@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pipeline.policy import log_softmax
+from clusterenv.pipeline.policy import log_softmax
 
 KL_EPS_FLOOR = 0.01
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.roles import SyncRule, SyncState
-from pipeline.sync.divergence import MEASURES, measure_name
+from clusterenv.pipeline.roles import SyncRule, SyncState
+from clusterenv.pipeline.sync.divergence import MEASURES, measure_name
 
 
 @dataclass(frozen=True)

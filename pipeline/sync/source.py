@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 import redis
 
-from pipeline.codec import encode_chunk, encode_weights
-from pipeline.keys import RunKeys
+from clusterenv.pipeline.codec import encode_chunk, encode_weights
+from clusterenv.pipeline.keys import RunKeys
 
 
 class RedisWeightSource:

@@ -39,7 +39,7 @@ class SlowEval(CartPoleEnv):
         self.evaluating = False
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
-        from pipeline.chunks.actor import EVAL_SEED_BASE
+        from clusterenv.pipeline.chunks.actor import EVAL_SEED_BASE
 
         if seed is not None:
             self.evaluating = seed >= EVAL_SEED_BASE

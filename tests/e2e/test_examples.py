@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cluster.embedded import LocalWorkers
+from clusterenv.pipeline.cluster.embedded import LocalWorkers
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,9 +14,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from pipeline.keys import RunKeys
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.sync.source import RedisWeightSource
 
 
 def free_port() -> int:
@@ -35,7 +35,7 @@ def test_flower_shows_chunks(redis_url, workers, celery_app, client, run_id):
     port = free_port()
     env = {**os.environ, "CLUSTERENV_REDIS_URL": redis_url, "FLOWER_UNAUTHENTICATED_API": "true"}
     flower = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}", "--address=127.0.0.1"],
+        [sys.executable, "-m", "celery", "-A", "clusterenv.tasks", "flower", f"--port={port}", "--address=127.0.0.1"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:

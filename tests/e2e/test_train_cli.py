@@ -20,13 +20,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from learner.metrics import read_metrics
-from pipeline.cluster.embedded import LocalWorkers
-from pipeline.sync.rules import DEFAULT_SYNC
+from clusterenv.learner.metrics import read_metrics
+from clusterenv.pipeline.cluster.embedded import LocalWorkers
+from clusterenv.pipeline.sync.rules import DEFAULT_SYNC
 from tests.servers import PrivateRedis
 from tests.tfevents import read_scalars
 
-CLI = [sys.executable, "-m", "learner.cli"]
+CLI = [sys.executable, "-m", "clusterenv.learner.cli"]
 
 
 def marked_processes(mark: str) -> list[psutil.Process]:
@@ -420,7 +420,7 @@ def test_version():
 def test_help_explains_every_flag():
     out = subprocess.run(CLI + ["train", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
-    from learner.config import TrainConfig
+    from clusterenv.learner.config import TrainConfig
 
     docs = field_docs(TrainConfig)
     assert len(docs) > 30

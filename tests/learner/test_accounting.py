@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from learner.accounting import RunAccounting
-from learner.ingest import Arrival
+from clusterenv.learner.accounting import RunAccounting, id_ranges
+from clusterenv.learner.ingest import Arrival
 
 
 def arrival(
@@ -94,7 +94,7 @@ def test_only_float_divergences_count():
 def test_metrics_rows_are_strict_json(tmp_path):
     import json
 
-    from learner.metrics import MetricsWriter, read_metrics
+    from clusterenv.learner.metrics import MetricsWriter, read_metrics
 
     writer = MetricsWriter(tmp_path / "m.jsonl")
     writer.write({"losses/td_loss": float("nan"), "x": float("inf"), "eval/return_mean": 9.5})
@@ -108,3 +108,11 @@ def test_metrics_rows_are_strict_json(tmp_path):
         "losses/td_loss": None, "x": None, "eval/return_mean": 9.5,
     }  # fmt: skip
     assert read_metrics(tmp_path / "m.jsonl")[0]["losses/td_loss"] is None
+
+
+@pytest.mark.parametrize(
+    "ids,ranges",
+    [(set(), []), ({4}, [[4, 4]]), ({0, 1, 2, 5, 7, 8}, [[0, 2], [5, 5], [7, 8]])],
+)
+def test_id_ranges(ids, ranges):
+    assert id_ranges(ids) == ranges

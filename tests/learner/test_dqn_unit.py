@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from learner.config import DQNConfig
-from learner.dqn import DQNLearner
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
+from clusterenv.learner.config import DQNConfig
+from clusterenv.learner.dqn import DQNLearner
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
 
 OBS_DIM, ACTIONS = 3, 2
 
@@ -161,10 +161,10 @@ def test_plain_dqn_bootstraps_on_the_target_nets_max():
     """--no-double: the TD target uses max_a Q_target(s', a), not Q_target(s', argmax_a Q(s', a))."""
     import torch
 
-    from learner.config import DQNConfig
-    from learner.dqn import DQNLearner
-    from learner.rate_limiter import RateLimiter
-    from learner.replay import ReplayBuffer
+    from clusterenv.learner.config import DQNConfig
+    from clusterenv.learner.dqn import DQNLearner
+    from clusterenv.learner.rate_limiter import RateLimiter
+    from clusterenv.learner.replay import ReplayBuffer
 
     replay = ReplayBuffer(10, (4,), np.float32)
     limiter = RateLimiter(1.0, 1, 0.0)

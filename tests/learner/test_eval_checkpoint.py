@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from learner.checkpoint import save_checkpoint
-from learner.cli import main
-from learner.config import DQNConfig, TrainConfig
-from learner.dqn import DQNLearner
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
+from clusterenv.learner.checkpoint import save_checkpoint
+from clusterenv.learner.cli import main
+from clusterenv.learner.config import DQNConfig, TrainConfig
+from clusterenv.learner.dqn import DQNLearner
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
 
 RESULT = re.compile(r"greedy return (-?[\d.]+) ± ([\d.]+) over (\d+) episodes")
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from learner.config import PPOConfig
-from learner.ppo import PPOLearner, gae, ppo_loss
-from learner.rate_limiter import RateLimiter
+from clusterenv.learner.config import PPOConfig
+from clusterenv.learner.ppo import PPOLearner, gae, ppo_loss
+from clusterenv.learner.rate_limiter import RateLimiter
 
 
 def test_ratio_is_taken_against_the_behaviour_log_probs():
@@ -108,7 +108,7 @@ def test_a_chunk_past_the_max_lag_is_dropped_and_counted():
 
 
 def test_published_weights_are_the_policy_network_the_workers_read():
-    from pipeline.policy import NumpyMLP
+    from clusterenv.pipeline.policy import NumpyMLP
 
     learner = PPOLearner((4,), np.dtype(np.float32), 3, PPOConfig(), RateLimiter(1.0, 0, 1.0),
                          lambda v: 0, recent_rows=16, seed=0)  # fmt: skip

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from learner.cli import CliError, parse_train
-from learner.config import TrainConfig
-from learner.presets import defaults_for, load_presets, preset_choice
+from clusterenv.learner.cli import CliError, parse_train
+from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.presets import defaults_for, load_presets, preset_choice
 
 
 @pytest.mark.parametrize("env", sorted(load_presets()))

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from learner.rate_limiter import RateLimiter
-from learner.replay import ReplayBuffer
+from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.replay import ReplayBuffer
 
 
 def rows(start: int, n: int):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import time
 
-from learner.cli import main
-from learner.progress import Progress
-from learner.status import RunStatus, read_statuses
-from pipeline.keys import RunKeys
+from clusterenv.learner.cli import main
+from clusterenv.learner.progress import Progress
+from clusterenv.learner.status import RunStatus, read_statuses
+from clusterenv.pipeline.keys import RunKeys
 
 
 def test_progress_publishes_a_status_that_clusterenv_status_shows(

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.codec import (
+from clusterenv.pipeline.codec import (
     ArraySpec,
     CodecError,
     decode_chunk,

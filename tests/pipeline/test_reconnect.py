@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.chunks.stream import StreamReader, StreamWriter, transition_specs
-from pipeline.connect import RedisUnreachable, connect
-from pipeline.keys import RunKeys
+from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter, transition_specs
+from clusterenv.pipeline.connect import RedisUnreachable, connect
+from clusterenv.pipeline.keys import RunKeys
 from tests.servers import PrivateRedis
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,9 +10,9 @@ import inspect
 
 import pytest
 
-from pipeline.chunks.stream import StreamReader, StreamWriter
-from pipeline.keys import RunKeys
-from pipeline.roles import (
+from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.roles import (
     SyncRule,
     SyncState,
     TransitionReader,
@@ -20,9 +20,9 @@ from pipeline.roles import (
     WeightClient,
     WeightSource,
 )
-from pipeline.sync.client import RedisWeightClient
-from pipeline.sync.rules import Always, Aps, Interval, OnChange
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.pipeline.sync.client import RedisWeightClient
+from clusterenv.pipeline.sync.rules import Always, Aps, Interval, OnChange
+from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import FakeSyncState, FakeWeightClient, FakeWriter, net
 
 KEYS = RunKeys("roles")

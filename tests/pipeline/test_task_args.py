@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from pipeline.chunks.request import ChunkRequest
-from pipeline.remote_env.messages import ShardSpec
-from pipeline.task_args import TaskArgsError
+from clusterenv.pipeline.chunks.request import ChunkRequest
+from clusterenv.pipeline.remote_env.messages import ShardSpec
+from clusterenv.pipeline.task_args import TaskArgsError
 
 REQ = ChunkRequest("run-t", 4, "CartPole-v1", 2, 8, seed=1, epsilon=0.25, env_kwargs={"g": 9.8})
 SPEC = ShardSpec("sess", 1, "CartPole-v1", [2, 3], heartbeat_ttl_s=3.0, idle_timeout_s=300.0)

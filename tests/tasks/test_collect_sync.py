@@ -7,14 +7,14 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from pipeline.chunks.stream import StreamReader, transition_specs
-from pipeline.cluster.embedded import LocalWorkers
-from pipeline.cluster.registry import WorkerRegistry
-from pipeline.connect import connect
-from pipeline.keys import RunKeys
-from pipeline.policy import NumpyMLP
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.cluster.embedded import LocalWorkers
+from clusterenv.pipeline.cluster.registry import WorkerRegistry
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import REF, net, url_of
 
 
@@ -61,7 +61,7 @@ def test_divergence_is_the_same_at_1_and_64_envs(one_worker, celery_app, client,
         assert headers[1]["sync"]["probe_fetches"] == 2, headers  # probe and reference batch
         measured.append(headers[1]["divergence"])
     q_learner, q_worker = NumpyMLP(net(4))(REF), NumpyMLP(net(0))(REF)
-    from pipeline.sync.divergence import value
+    from clusterenv.pipeline.sync.divergence import value
 
     assert measured[0] == measured[1] == pytest.approx(value(q_learner, q_worker, 0.1))
     assert measured[0] > 0

@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from pipeline.chunks.actor import Actor, env_seeds, make_vector_env
+from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 
 
 class Countdown(gym.Env):

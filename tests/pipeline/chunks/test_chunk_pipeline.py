@@ -9,15 +9,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from pipeline.chunks.actor import env_seeds
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from pipeline.chunks.runtime import WorkerRuntime
-from pipeline.chunks.stream import StreamReader, StreamWriter, transition_specs
-from pipeline.codec import encode_chunk
-from pipeline.connect import connect
-from pipeline.keys import RunKeys
-from pipeline.policy import NumpyMLP
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.pipeline.chunks.actor import env_seeds
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.chunks.runtime import WorkerRuntime
+from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter, transition_specs
+from clusterenv.pipeline.codec import encode_chunk
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import url_of
 
 # A fixed linear policy (push towards the pole's lean; episodes of ~25-50 steps), so ingested data can be replayed locally.

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pipeline.chunks.dispatcher import DispatchConfig, Dispatcher
-from pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
+from clusterenv.pipeline.chunks.dispatcher import DispatchConfig, Dispatcher
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from tests.fakes import Counter, FakeClock, RecordingSend
 
 TEMPLATE = {
@@ -100,6 +100,7 @@ def test_chunks_are_written_off_after_lost_after_s_and_replaced():
     assert d.lost == 3 and set(d.in_flight) == {4, 5}
     d.arrived(1)  # a written-off chunk that turns up late does not free a slot twice
     assert set(d.in_flight) == {4, 5}
+    assert d.late == 1  # but is counted late
 
 
 def test_slots_are_recounted_only_every_slots_every_s():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.chunks.actor import Actor, env_seeds, make_vector_env
-from pipeline.chunks.request import ChunkRequest
-from pipeline.chunks.runtime import RunCache, RunState, collect_chunk, merge_summaries
-from pipeline.policy import NumpyMLP, log_softmax, sample_categorical
+from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
+from clusterenv.pipeline.chunks.request import ChunkRequest
+from clusterenv.pipeline.chunks.runtime import RunCache, RunState, collect_chunk, merge_summaries
+from clusterenv.pipeline.policy import NumpyMLP, log_softmax, sample_categorical
 from tests.fakes import FakeActor, FakeWeightClient, FakeWriter, net
 
 

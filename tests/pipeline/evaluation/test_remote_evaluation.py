@@ -10,14 +10,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from learner.evaluation import RemoteEvaluation
-from pipeline.chunks.actor import env_seeds, eval_seeds
-from pipeline.cluster.celery_client import celery_client
-from pipeline.evaluation.request import EvalRequest
-from pipeline.evaluation.runner import greedy_returns
-from pipeline.keys import RunKeys
-from pipeline.policy import NumpyMLP
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.learner.evaluation import RemoteEvaluation
+from clusterenv.pipeline.chunks.actor import env_seeds, eval_seeds
+from clusterenv.pipeline.cluster.celery_client import celery_client
+from clusterenv.pipeline.evaluation.request import EvalRequest
+from clusterenv.pipeline.evaluation.runner import greedy_returns
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import FakeClock, RecordingSend, net, url_of
 
 pytestmark = pytest.mark.timeout(120)

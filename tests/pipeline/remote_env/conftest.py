@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.cluster.embedded import LocalWorkers
-from pipeline.remote_env import RemoteVectorEnv
+from clusterenv.pipeline.cluster.embedded import LocalWorkers
+from clusterenv.pipeline.remote_env import RemoteVectorEnv
 
 
 @pytest.fixture

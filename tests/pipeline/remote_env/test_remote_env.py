@@ -17,10 +17,10 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AutoresetMode
 
-from pipeline.cluster.embedded import EmbeddedServer, LocalWorkers
-from pipeline.connect import connect
-from pipeline.keys import ShardKeys, remote_env_replies
-from pipeline.remote_env import RemoteEnv, RemoteEnvError, RemoteVectorEnv, ShardTimeout
+from clusterenv.pipeline.cluster.embedded import EmbeddedServer, LocalWorkers
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import ShardKeys, remote_env_replies
+from clusterenv.pipeline.remote_env import RemoteEnv, RemoteEnvError, RemoteVectorEnv, ShardTimeout
 
 # Built by the workers only (they run from the repo root); see remote_env_helpers.py.
 HELPERS = "tests.pipeline.remote_env.remote_env_helpers"

@@ -12,9 +12,9 @@ from gymnasium.utils.env_checker import data_equivalence
 from gymnasium.utils.env_match import check_environments_match
 from gymnasium.vector import AutoresetMode
 
-from pipeline.cluster.embedded import LocalWorkers
-from pipeline.remote_env import RemoteEnv
-from pipeline.remote_env.messages import EnvTarget
+from clusterenv.pipeline.cluster.embedded import LocalWorkers
+from clusterenv.pipeline.remote_env import RemoteEnv
+from clusterenv.pipeline.remote_env.messages import EnvTarget
 
 HELPERS = "tests.pipeline.remote_env.remote_env_helpers"
 SPACES = f"{HELPERS}:RemoteTestSpaces-v0"

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import data_equivalence
 
-from pipeline.cluster.embedded import LocalWorkers
+from clusterenv.pipeline.cluster.embedded import LocalWorkers
 
 sb3 = pytest.importorskip("stable_baselines3")
 from stable_baselines3.common.monitor import Monitor  # noqa: E402
 from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor  # noqa: E402
 
-from pipeline.remote_env.sb3 import RemoteSB3VecEnv  # noqa: E402
+from clusterenv.pipeline.remote_env.sb3 import RemoteSB3VecEnv  # noqa: E402
 
 HELPERS = "tests.pipeline.remote_env.remote_env_helpers"
 pytestmark = pytest.mark.timeout(180)
@@ -101,6 +101,6 @@ def test_dqn_learns_on_a_dict_observation_env(sb3_remote) -> None:
 
 
 def test_pipeline_does_not_import_stable_baselines3() -> None:
-    code = "import sys, pipeline.remote_env, tasks.env_shard; print('stable_baselines3' in sys.modules)"
+    code = "import sys, clusterenv.pipeline.remote_env, clusterenv.tasks.env_shard; print('stable_baselines3' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -9,9 +9,22 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import data_equivalence
 
-from pipeline.codec import CodecError, decode_tree, encode_tree, pack_message, unpack_message
-from pipeline.remote_env.messages import STEP, EnvTarget, Message, ShardSpec, pack, unpack
-from pipeline.remote_env.spaces import (
+from clusterenv.pipeline.codec import (
+    CodecError,
+    decode_tree,
+    encode_tree,
+    pack_message,
+    unpack_message,
+)
+from clusterenv.pipeline.remote_env.messages import (
+    STEP,
+    EnvTarget,
+    Message,
+    ShardSpec,
+    pack,
+    unpack,
+)
+from clusterenv.pipeline.remote_env.spaces import (
     Rows,
     from_leaves,
     kind_of,

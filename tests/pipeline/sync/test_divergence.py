@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pipeline.policy import log_softmax
-from pipeline.sync.divergence import (
+from clusterenv.pipeline.policy import log_softmax
+from clusterenv.pipeline.sync.divergence import (
     DIVERGENCES,
     behaviour_probs,
     categorical_kl,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.sync.rules import DEFAULT_SYNC, Always, Aps, Interval, OnChange, parse_sync
+from clusterenv.pipeline.sync.rules import DEFAULT_SYNC, Always, Aps, Interval, OnChange, parse_sync
 from tests.fakes import FakeSyncState
 
 

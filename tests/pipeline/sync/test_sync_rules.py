@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.keys import RunKeys
-from pipeline.policy import NumpyMLP
-from pipeline.sync.client import RedisWeightClient
-from pipeline.sync.rules import Aps, parse_sync
-from pipeline.sync.source import RedisWeightSource
+from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.sync.client import RedisWeightClient
+from clusterenv.pipeline.sync.rules import Aps, parse_sync
+from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import REF, net
 
 
 class Learner:
-    """Publishes versions with probes, as learner.trainer does."""
+    """Publishes versions with probes, as clusterenv.learner.trainer does."""
 
     def __init__(self, client, run_id: str, keep: int = 64):
         self.source = RedisWeightSource(client, RunKeys(run_id), keep=keep)
