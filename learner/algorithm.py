@@ -57,6 +57,7 @@ class Algorithm:
     policy: str  # how workers act (pipeline/policy.py), sent in every ChunkRequest
     publish_every: int  # learner updates between published versions
     epsilon: Callable[[int], float]  # the exploration ε of chunks dispatched at an env-step count
+    max_lag_versions: int  # the APS version guard the workers are sent (0: none)
     extra_specs: dict[str, ArraySpec] = field(default_factory=dict)  # arrays beyond transitions
 
 
@@ -77,8 +78,15 @@ def build_algorithm(
             obs_space.shape, obs_space.dtype, num_actions, p, limiter, lag_versions,
             recent_rows=10 * cfg.weights.reference_size, seed=cfg.seed,
         )  # fmt: skip
+        # An APS worker whose policy the learner would drop must fetch, or the run stalls: the
+        # dropped chunks stop learning, so the divergence that would trigger the fetch never grows.
+        # Half the max lag leaves room for the versions published while a chunk is on its way.
+        guard = cfg.weights.max_lag_versions
+        if cfg.weights.sync.startswith("aps:"):
+            half = max(1, p.max_policy_lag // 2)
+            guard = min(guard, half) if guard else half
         # Every PPO update is a version: lag in versions is lag in policy updates.
-        return Algorithm(learner, "categorical", 1, lambda steps: 0.0,
+        return Algorithm(learner, "categorical", 1, lambda steps: 0.0, guard,
                          {"logp": ArraySpec("<f4", ())})  # fmt: skip
     r, spi = cfg.replay, cfg.replay.samples_per_insert
     replay = ReplayBuffer(r.buffer_size, obs_space.shape, obs_space.dtype)
@@ -89,4 +97,7 @@ def build_algorithm(
         error_buffer=spi * chunk * r.error_buffer_chunks,
     )
     dqn = DQNLearner(int(np.prod(obs_space.shape)), num_actions, cfg.dqn, replay, limiter, cfg.seed)
-    return Algorithm(dqn, "epsilon_greedy", cfg.weights.publish_every, cfg.collection.epsilon)
+    w = cfg.weights
+    return Algorithm(
+        dqn, "epsilon_greedy", w.publish_every, cfg.collection.epsilon, w.max_lag_versions
+    )

@@ -141,8 +141,9 @@ class PPOConfig:
     """minibatches per pass"""
     batch_steps: int = 512
     """transitions (whole chunks) per PPO update; CleanRL: 4 envs x 128 steps"""
-    max_policy_lag: int = 16
-    """chunks acted by a policy more than this many PPO updates behind are dropped (and counted)"""
+    max_policy_lag: int = 32
+    """chunks acted by a policy version more than this many versions behind the newest (one version
+    per PPO update) are dropped before training, and counted"""
     ppo_hidden: str = "64,64"
     """hidden layer sizes of the policy and of the value network, comma-separated"""
 
