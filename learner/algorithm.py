@@ -46,6 +46,10 @@ class Learner(Protocol):
         """Every network, for checkpoints."""
         ...
 
+    def restore(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Every network back from what `state_tensors` returned."""
+        ...
+
     def metrics(self) -> dict[str, float | int | None]:
         """Namespaced figures for the metrics rows (losses/…, learner/…, pipeline/…)."""
         ...

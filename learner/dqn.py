@@ -121,3 +121,14 @@ class DQNLearner:
         out = {f"q.{k}": v.detach().clone() for k, v in self.q.state_dict().items()}
         out.update({f"target.{k}": v.detach().clone() for k, v in self.target.state_dict().items()})
         return out
+
+    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Both networks back from what `state_tensors` returned."""
+        restore_networks({"q": self.q, "target": self.target}, tensors)
+
+
+def restore_networks(nets: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor]) -> None:
+    """Load each net from the tensors named `{its key}.{parameter}` (a state_tensors dict)."""
+    for prefix, net in nets.items():
+        net.load_state_dict({k.removeprefix(f"{prefix}."): v for k, v in tensors.items()
+                             if k.startswith(f"{prefix}.")})  # fmt: skip

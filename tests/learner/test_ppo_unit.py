@@ -118,3 +118,37 @@ def test_published_weights_are_the_policy_network_the_workers_read():
     with torch.no_grad():
         torch_logits = learner.actor(torch.from_numpy(obs)).numpy()
     np.testing.assert_allclose(NumpyMLP(weights)(obs), torch_logits, rtol=1e-5, atol=1e-6)
+
+
+def test_state_tensors_restore_into_a_fresh_learner():
+    def fresh(seed: int) -> PPOLearner:
+        return PPOLearner((4,), np.dtype(np.float32), 2, PPOConfig(), RateLimiter(1.0, 0, 1.0),
+                          lambda v: 0, recent_rows=16, seed=seed)  # fmt: skip
+
+    saved, other = fresh(0), fresh(1)
+    assert not np.allclose(
+        saved.get_weights()["layers.0.weight"], other.get_weights()["layers.0.weight"]
+    )
+    other.restore(saved.state_tensors())
+    for name, value in saved.state_tensors().items():
+        torch.testing.assert_close(other.state_tensors()[name], value)
+
+
+def test_aps_workers_get_a_version_guard_below_the_max_policy_lag():
+    import gymnasium as gym
+
+    from clusterenv.learner.algorithm import build_algorithm
+    from clusterenv.learner.config import TrainConfig
+
+    space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    cfg = TrainConfig(algo="ppo")
+    cfg.ppo.max_policy_lag = 10
+    algo = build_algorithm(cfg, space, 2, lambda v: 0)
+    assert (algo.policy, algo.max_lag_versions, algo.publish_every) == ("categorical", 5, 1)
+    assert set(algo.extra_specs) == {"logp"}
+    cfg.weights.max_lag_versions = 3  # the user's tighter guard stands
+    assert build_algorithm(cfg, space, 2, lambda v: 0).max_lag_versions == 3
+    cfg.weights.sync, cfg.weights.max_lag_versions = "on-change", 0  # no APS: no guard to send
+    assert build_algorithm(cfg, space, 2, lambda v: 0).max_lag_versions == 0
+    dqn = build_algorithm(TrainConfig(), space, 2, lambda v: 0)
+    assert (dqn.policy, dqn.max_lag_versions, dqn.extra_specs) == ("epsilon_greedy", 0, {})
