@@ -33,6 +33,9 @@ class RunAccounting:
         self.worker_sync: dict[str, dict[str, int]] = {}
         self.episode_returns: list[float] = []
         self.broker_recoveries = 0  # times the broker had lost the run's state and got it back
+        # Sync counters of the learners this run had before a resume (their workers' counters
+        # started again from zero under the resumed run's id).
+        self.sync_before: dict[str, int] = {}
         self._window_start = 0  # chunks already covered by a previous metrics row
 
     def record(self, arrival: Arrival) -> None:
@@ -48,7 +51,7 @@ class RunAccounting:
 
     def sync_totals(self) -> dict[str, int]:
         """The workers' latest cumulative sync counters, summed over workers."""
-        totals: dict[str, int] = {}
+        totals = dict(self.sync_before)
         for counters in self.worker_sync.values():
             for k, v in counters.items():
                 totals[k] = totals.get(k, 0) + int(v)
@@ -79,6 +82,34 @@ class RunAccounting:
         """Mean return of the last `episodes` training episodes the workers finished."""
         tail = self.episode_returns[-episodes:]
         return float(np.mean(tail)) if tail else None
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays and JSON-able counters a checkpoint keeps (learner/state.py)."""
+        arrays = {
+            "lag_versions": np.asarray(self.lag_versions, np.int64),
+            "lag_updates": np.asarray(self.lag_updates, np.int64),
+            "divergence": np.asarray([d for d, _ in self.divergences], np.float64),
+            "divergence_chunk": np.asarray([i for _, i in self.divergences], np.int64),
+            "episode_returns": np.asarray(self.episode_returns, np.float64),
+        }
+        counters = {"env_steps": self.env_steps, "broker_recoveries": self.broker_recoveries,
+                    "sync_totals": self.sync_totals()}  # fmt: skip
+        return arrays, counters
+
+    def load_state(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
+        """Take back what `state` returned (a resumed learner)."""
+        self.lag_versions = arrays["lag_versions"].tolist()
+        self.lag_updates = arrays["lag_updates"].tolist()
+        self.divergences = list(
+            zip(arrays["divergence"].tolist(), arrays["divergence_chunk"].tolist(), strict=True)
+        )
+        self.episode_returns = arrays["episode_returns"].tolist()
+        self.env_steps, self.broker_recoveries = (
+            counters["env_steps"],
+            counters["broker_recoveries"],
+        )
+        self.sync_before, self.worker_sync = dict(counters["sync_totals"]), {}
+        self._window_start = len(self.lag_versions)
 
     def summary(self) -> dict[str, Any]:
         return {

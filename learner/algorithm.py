@@ -27,6 +27,9 @@ class Learner(Protocol):
     """What the trainer asks of an algorithm's learner."""
 
     updates: int  # learner updates so far: gradient steps (DQN) or PPO updates
+    last_loss: float  # the last update's loss (NaN before the first)
+    optimizer: torch.optim.Optimizer  # its state goes into checkpoints (learner/state.py)
+    rng: np.random.Generator  # the learner's own sampling (minibatches), checkpointed too
     limiter: RateLimiter  # dispatch asks it whether collection may run further ahead
     replay: ReplayBuffer  # recently inserted rows: where probes' reference states come from
 

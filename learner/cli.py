@@ -12,11 +12,14 @@ import uuid
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import tyro
 
 from clusterenv.learner.config import TrainConfig
+
+if TYPE_CHECKING:
+    from clusterenv.learner.resume import Resumed
 
 WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A clusterenv.tasks worker --loglevel=INFO"
 USAGE = """usage: clusterenv {train,eval,report,status} [--help] | --version
@@ -102,14 +105,23 @@ def parse(kind: type, argv: list[str], prog: str, default: Any = None) -> Any:
 
 
 def parse_train(argv: list[str]) -> TrainConfig:
-    """Flags on top of the env's preset (learner/presets.toml), or on the plain defaults."""
+    """The run's config: flags on top of the env's preset (learner/presets.toml) or the plain
+    defaults; with --resume, on top of the resumed run's config, where flags not given keep its
+    values and a flag that would change what may not change is refused."""
     from clusterenv.learner.presets import defaults_for, preset_choice
+    from clusterenv.learner.resume import check_overrides, saved_config
 
     try:
-        default = defaults_for(*preset_choice(argv))
+        cfg = parse(TrainConfig, argv, "clusterenv train", defaults_for(*preset_choice(argv)))
+        if cfg.resume is None:
+            return cfg
+        saved = saved_config(Path(cfg.resume))
+        saved.resume = cfg.resume
+        cfg = parse(TrainConfig, argv, "clusterenv train", default=saved)
+        check_overrides(saved, cfg)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    return parse(TrainConfig, argv, "clusterenv train", default)
+    return cfg
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
@@ -132,22 +144,20 @@ def train(cfg: TrainConfig) -> int:
             connect(cfg.redis_url).close()
         except RedisUnreachable as exc:
             raise CliError(str(exc)) from None
-    run_id = f"{cfg.env.replace('/', '_')}__s{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-    run_dir = Path(cfg.run_dir) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir, run_id, resumed, lock = _open_run_dir(cfg)
     # SIGTERM and SIGHUP (a closed terminal) take the same clean path as Ctrl-C: workers and
-    # the embedded server are stopped. The server has no parent-death signal of its own. A signal
+    # the embedded server are stopped (after a SIGKILL their parent-death signal does it). A signal
     # the run was started ignoring (`nohup` ignores SIGHUP) stays ignored, as the caller asked.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _raise_keyboard_interrupt)
     try:
-        with Stack(cfg.redis_url, cfg.local_workers(), log_path=run_dir / "workers.log") as stack:
+        with lock, Stack(cfg.redis_url, cfg.local_workers(), run_dir / "workers.log") as stack:
             url = stack.redis_url
             assert url is not None
             _wait_for_workers(connect(url), url)
             print(f"run {run_id}: broker {url}, run dir {run_dir}", file=sys.stderr)
-            result = Trainer(cfg, url, run_dir, run_id).run()
+            result = Trainer(cfg, url, run_dir, run_id, resumed).run()
     except RedisUnreachable as exc:
         raise CliError(str(exc)) from None
     except KeyboardInterrupt:
@@ -166,6 +176,33 @@ def train(cfg: TrainConfig) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _open_run_dir(cfg: TrainConfig) -> tuple[Path, str, Resumed | None, IO]:
+    """A new run directory, or the one --resume names with its newest checkpoint; its lock."""
+    from clusterenv.learner.checkpoint import CheckpointError
+    from clusterenv.learner.resume import load_resume, lock_run_dir, next_run_id
+
+    if cfg.resume is None:
+        stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        run_id = f"{cfg.env.replace('/', '_')}__s{cfg.seed}__{stamp}"
+        run_dir = Path(cfg.run_dir) / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir, run_id, None, lock_run_dir(run_dir)
+    run_dir = Path(cfg.resume)
+    try:
+        lock = lock_run_dir(run_dir)
+    except (ValueError, OSError) as exc:
+        raise CliError(str(exc)) from None
+    try:
+        resumed = load_resume(run_dir, cfg)
+    except CheckpointError as exc:
+        lock.close()
+        raise CliError(str(exc)) from None
+    run_id, st = next_run_id(run_dir), resumed.state
+    print(f"resuming from {resumed.checkpoint} ({st['accounting']['env_steps']} env steps, "
+          f"{st['updates']} updates, v{st['policy_version']}) as run {run_id}", file=sys.stderr)  # fmt: skip
+    return run_dir, run_id, resumed, lock
 
 
 def _wait_for_workers(client, url: str, timeout_s: float = 600.0) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+import typing
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Annotated, Any, Literal
 
 from tyro.conf import arg
@@ -182,6 +183,19 @@ class EvalConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    checkpoint_every_s: float = 60.0
+    """seconds between periodic checkpoints (what --resume continues from); 0: no time trigger"""
+    checkpoint_every_updates: int = 0
+    """gradient steps between periodic checkpoints, whichever trigger comes first; 0: off"""
+    checkpoints_kept: int = 3
+    """newest periodic checkpoints kept in RUN_DIR/checkpoints; older ones are deleted"""
+    checkpoint_replay: bool = False
+    """store replay in checkpoints too (bigger files); without it a resumed run refills replay
+    up to --learning-starts before it learns again"""
+
+
+@dataclass
 class TrainConfig:
     """Train Double DQN (or PPO: --algo ppo): envs on Celery workers, transitions through Redis,
     one learner.
@@ -219,6 +233,9 @@ class TrainConfig:
     """local worker processes to start"""
     run_dir: str = "runs"
     """parent folder of the run directory"""
+    resume: str | None = None
+    """continue the run in this run directory from its newest checkpoint, with its config.json (a
+    flag that would change the experiment is refused; docs/reliability.md lists those that may)"""
     status_every_s: float = 30.0
     """without a terminal, seconds between status lines on stderr (steps/s, eval, version, fetches)"""
     # One thread: with two, torch's intra-op threads spin against the workers and any other
@@ -232,6 +249,7 @@ class TrainConfig:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -246,7 +264,7 @@ class TrainConfig:
             (self.dispatch, "tasks_per_process"), (self.dispatch, "chunks_per_task"),
             (self.dispatch, "lost_after_s"),
             (self.evaluation, "eval_timeout_s"), (self.evaluation, "solve_evals"),
-            (self, "status_every_s"),
+            (self, "status_every_s"), (self.checkpoint, "checkpoints_kept"),
         ]  # fmt: skip
         for part, name in positive:
             if getattr(part, name) <= 0:
@@ -268,6 +286,9 @@ class TrainConfig:
         c = self.collection
         if not (0.0 <= c.eps_end <= c.eps_start <= 1.0):
             raise ValueError("need 0 <= --eps-end <= --eps-start <= 1")
+        ck = self.checkpoint
+        if ck.checkpoint_every_s < 0 or ck.checkpoint_every_updates < 0:
+            raise ValueError("--checkpoint-every-s and --checkpoint-every-updates must be >= 0")
         if self.torch_threads < 1:
             raise ValueError(f"--torch-threads must be >= 1, got {self.torch_threads}")
         w = self.weights
@@ -275,6 +296,10 @@ class TrainConfig:
             raise ValueError("--max-lag-versions and --max-lag-seconds must be >= 0")
         self.dqn.hidden_sizes()  # raises on a bad list
         self._validate_ppo()
+        if self.algo == "ppo" and self.checkpoint.checkpoint_replay:
+            raise ValueError(
+                "--checkpoint-replay: PPO learns from fresh chunks and has no replay to keep"
+            )
         parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds, self.policy_kind)
 
     def _validate_ppo(self) -> None:
@@ -311,3 +336,19 @@ class TrainConfig:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        """The config a run directory stored (config.json); ValueError naming an unknown setting."""
+        return _from_dict(cls, json.loads(text), "")
+
+
+def _from_dict(kind: type, values: dict[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(kind)
+    unknown = sorted(set(values) - {f.name for f in fields(kind)})
+    if unknown:  # a config.json written by another version of clusterenv
+        raise ValueError(f"unknown setting {where}{unknown[0]!r}")
+    return kind(**{
+        name: _from_dict(hints[name], value, f"{where}{name}.") if is_dataclass(hints[name]) else value
+        for name, value in values.items()
+    })  # fmt: skip

@@ -4,8 +4,10 @@ The learner's `insert` stores a chunk (DQN: into replay; PPO: onto its queue of 
 Inserting from its own thread keeps the stream read and the copy off the gradient step's
 path; the main thread learns of each accepted chunk (for dispatch and accounting) by an Arrival.
 Every `claim_every_s` the thread also takes over chunks that a reader took but never acked.
-A failure the Redis client's own retries could not ride out ends the thread and is kept in
-`error`, for the main thread to stop the run with (never a silent stall).
+A failed read is retried with backoff (`retries` times in a row, doubling from `backoff_s` up to
+`backoff_cap_s`: about 12 s); a connection the Redis client's own retries could not restore
+(about 30 s of them) is not retried again. Then the thread ends and keeps the error in `error`,
+for the main thread to stop the run with: never a silent stall.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import redis
 
 from clusterenv.pipeline.roles import TransitionReader
 
@@ -45,9 +48,14 @@ class Ingest:
         store: Callable[[dict[str, Any], dict[str, np.ndarray]], int],
         lag_of: Callable[[int], tuple[int, int]],
         claim_every_s: float = 10.0,
+        retries: int = 6,
+        backoff_s: float = 0.25,
+        backoff_cap_s: float = 4.0,
     ):
         self.reader, self.store, self.lag_of = reader, store, lag_of
         self.claim_every_s = claim_every_s
+        self.retries, self.backoff_s, self.backoff_cap_s = retries, backoff_s, backoff_cap_s
+        self.retried = 0  # failed reads that were retried, over the whole run
         self.cpu_s = 0.0
         self.error: BaseException | None = None
         self._arrivals: queue.SimpleQueue[Arrival] = queue.SimpleQueue()
@@ -60,18 +68,27 @@ class Ingest:
         self._arrivals.put(Arrival(header, rows, lag_versions, lag_updates))
 
     def _run(self) -> None:
-        claimed_at = time.monotonic()
-        try:
-            while not self._stop.is_set():
+        claimed_at, failures = time.monotonic(), 0
+        while not self._stop.is_set():
+            try:
                 self.reader.poll(self._sink, block_ms=50)
                 if time.monotonic() - claimed_at > self.claim_every_s:
                     self.reader.claim_stale(self._sink)
                     claimed_at = time.monotonic()
-        except Exception as exc:  # the main thread reports it and stops the run
-            log.error("ingest stopped: %s: %s", type(exc).__name__, exc)
-            self.error = exc
-        finally:
-            self.cpu_s = time.thread_time()
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                retried_already = isinstance(exc, redis.ConnectionError | redis.TimeoutError)
+                if retried_already or failures > self.retries:
+                    log.error("ingest stopped: %s: %s", type(exc).__name__, exc)
+                    self.error = exc  # the main thread reports it and stops the run
+                    break
+                delay = min(self.backoff_cap_s, self.backoff_s * 2 ** (failures - 1))
+                log.warning("ingest failed (%s: %s); retry %d of %d in %.2f s",
+                            type(exc).__name__, exc, failures, self.retries, delay)  # fmt: skip
+                self.retried += 1
+                self._stop.wait(delay)
+        self.cpu_s = time.thread_time()
 
     def start(self) -> None:
         self._thread.start()

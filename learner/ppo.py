@@ -153,6 +153,7 @@ class PPOLearner:
         self.replay = ReplayBuffer(recent_rows, obs_space_shape, obs_dtype)
         self.rng = np.random.default_rng(seed)
         self.updates = 0
+        self.last_loss = float("nan")
         self.last: LossParts | None = None
         self.dropped_chunks = self.dropped_rows = 0
         self._queue: deque[QueuedChunk] = deque()
@@ -234,7 +235,7 @@ class PPOLearner:
                 parts.loss.backward()
                 nn.utils.clip_grad_norm_(self.params, self.cfg.ppo_max_grad_norm)
                 self.optimizer.step()
-        self.last = parts
+        self.last, self.last_loss = parts, float(parts.loss.detach())
         self.updates += 1
         return True
 

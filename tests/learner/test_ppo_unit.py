@@ -152,3 +152,32 @@ def test_aps_workers_get_a_version_guard_below_the_max_policy_lag():
     assert build_algorithm(cfg, space, 2, lambda v: 0).max_lag_versions == 0
     dqn = build_algorithm(TrainConfig(), space, 2, lambda v: 0)
     assert (dqn.policy, dqn.max_lag_versions, dqn.extra_specs) == ("epsilon_greedy", 0, {})
+
+
+def test_a_ppo_checkpoint_round_trip_restores_the_networks_and_adam(tmp_path):
+    from clusterenv.learner.checkpoint import Checkpoints
+    from clusterenv.learner.state import capture, restore
+    from tests.learner.test_checkpoint import make_parts
+
+    def ppo_parts(seed: int):
+        p = make_parts(checkpoint_replay=False, seed=seed)
+        cfg = PPOConfig(batch_steps=32, num_minibatches=2, update_epochs=2)
+        p.limiter = RateLimiter(1.0, 0, 1e6)
+        p.learner = PPOLearner((4,), np.dtype(np.float32), 2, cfg, p.limiter, lambda v: 0,
+                               recent_rows=64, seed=seed)  # fmt: skip
+        return p
+
+    a = ppo_parts(0)
+    for c in range(3):
+        a.learner.insert(*chunk(32, version=0, seed=c))
+        assert a.learner.step()
+    Checkpoints(tmp_path, a.cfg.checkpoint).save(*capture(a, 1.0), a.learner.updates)
+    _, tensors, state = Checkpoints(tmp_path, a.cfg.checkpoint).newest()
+    b = ppo_parts(5)
+    restore(b, tensors, state, newest_version=-1)
+    assert b.learner.updates == 3 and b.learner.last_loss == pytest.approx(a.learner.last_loss)
+    for p in (a, b):  # the same data gives the same update: networks, Adam and generator are back
+        p.learner.insert(*chunk(32, version=0, seed=9))
+        assert p.learner.step()
+    for name, value in a.learner.state_tensors().items():
+        torch.testing.assert_close(b.learner.state_tensors()[name], value)
