@@ -120,7 +120,7 @@ def _init(net: QNetwork, last_std: float) -> QNetwork:
     return net
 
 
-@dataclass
+@dataclass(eq=False)
 class QueuedChunk:
     version: int
     arrays: dict[str, np.ndarray]
@@ -173,15 +173,17 @@ class PPOLearner:
     def _take_batch(self) -> list[QueuedChunk] | None:
         """Whole chunks of at least `batch_steps` rows, stale ones dropped; None if too few."""
         with self._lock:
-            for chunk in [
-                c for c in self._queue if self.lag_of(c.version) > self.cfg.max_policy_lag
-            ]:
-                self._queue.remove(chunk)
+            fresh: deque[QueuedChunk] = deque()
+            for chunk in self._queue:
+                if self.lag_of(chunk.version) <= self.cfg.max_policy_lag:
+                    fresh.append(chunk)
+                    continue
                 rows = len(chunk.arrays["action"])
                 self._queued_rows -= rows
                 self.dropped_chunks += 1
                 self.dropped_rows += rows
                 self.limiter.on_sample(rows)  # written off: collection may replace them
+            self._queue = fresh
             if self._queued_rows < self.cfg.batch_steps:
                 return None
             batch: list[QueuedChunk] = []

@@ -94,17 +94,18 @@ def test_a_chunk_past_the_max_lag_is_dropped_and_counted():
     cfg = PPOConfig(batch_steps=64, max_policy_lag=3, num_minibatches=2, update_epochs=1)
     learner = PPOLearner((4,), np.dtype(np.float32), 2, cfg, limiter,
                          lambda version: newest["v"] - version, recent_rows=256, seed=0)  # fmt: skip
-    learner.insert(*chunk(32, version=6, seed=1))  # 4 versions behind: past the max lag
     learner.insert(*chunk(32, version=7, seed=2))  # 3 behind: still used
-    assert not learner.step()  # 64 rows queued, but one chunk is stale: too few left
-    assert (learner.dropped_chunks, learner.dropped_rows) == (1, 32)
+    learner.insert(*chunk(32, version=6, seed=1))  # 4 versions behind: past the max lag
+    learner.insert(*chunk(16, version=6, seed=4))  # and another of the same version
+    assert not learner.step()  # 80 rows queued, but two chunks are stale: too few left
+    assert (learner.dropped_chunks, learner.dropped_rows) == (2, 48)
     assert learner.updates == 0
     learner.insert(*chunk(32, version=9, seed=3))
     assert learner.step()
-    assert learner.updates == 1 and learner.dropped_chunks == 1
-    assert learner.metrics()["pipeline/stale_chunks_dropped"] == 1
+    assert learner.updates == 1 and learner.dropped_chunks == 2
+    assert learner.metrics()["pipeline/stale_chunks_dropped"] == 2
     # The dropped rows are written off in the limiter: collection may replace them.
-    assert limiter.inserts == 96 and limiter.samples == 96
+    assert limiter.inserts == 112 and limiter.samples == 112
 
 
 def test_published_weights_are_the_policy_network_the_workers_read():
