@@ -233,7 +233,7 @@ class TrainConfig:
     """local worker processes to start"""
     run_dir: str = "runs"
     """parent folder of the run directory"""
-    resume: str | None = None
+    resume: Annotated[str | None, arg(help_behavior_hint="(default: a new run)")] = None
     """continue the run in this run directory from its newest checkpoint, with its config.json (a
     flag that would change the experiment is refused; docs/reliability.md lists those that may)"""
     status_every_s: float = 30.0
