@@ -46,11 +46,11 @@ class CollectionConfig:
     chunk_steps: int = 32
     """steps per env in one chunk (a chunk holds envs_per_worker x chunk_steps env steps)"""
     eps_start: float = 1.0
-    """initial exploration epsilon"""
+    """initial exploration epsilon (DQN; PPO samples its policy)"""
     eps_end: float = 0.04
-    """final exploration epsilon"""
+    """final exploration epsilon (DQN)"""
     eps_decay_steps: int = 16_000
-    """env steps over which epsilon decays linearly"""
+    """env steps over which epsilon decays linearly (DQN)"""
 
     @property
     def chunk_env_steps(self) -> int:
@@ -70,7 +70,7 @@ class WeightSyncConfig:
     max_lag_seconds: float = 0.0
     """aps guard: fetch when the held policy is this many seconds old (0: off)"""
     publish_every: int = 128
-    """gradient steps between published weight versions"""
+    """gradient steps between published weight versions (DQN; PPO publishes after every update)"""
     reference_size: int = 256
     """reference states the probes are computed on"""
     reference_every: int = 16
