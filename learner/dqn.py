@@ -118,13 +118,20 @@ class DQNLearner:
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Both networks, safetensors-ready (the final checkpoint)."""
-        out = {f"q.{k}": v.detach().clone() for k, v in self.q.state_dict().items()}
-        out.update({f"target.{k}": v.detach().clone() for k, v in self.target.state_dict().items()})
-        return out
+        return network_tensors({"q": self.q, "target": self.target})
 
     def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Both networks back from what `state_tensors` returned."""
         restore_networks({"q": self.q, "target": self.target}, tensors)
+
+
+def network_tensors(nets: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
+    """Copies of each net's parameters, named `{its key}.{parameter}`."""
+    return {
+        f"{prefix}.{k}": v.detach().clone()
+        for prefix, net in nets.items()
+        for k, v in net.state_dict().items()
+    }
 
 
 def restore_networks(nets: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor]) -> None:

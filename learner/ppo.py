@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from clusterenv.learner.config import PPOConfig, hidden_sizes
-from clusterenv.learner.dqn import QNetwork, restore_networks
+from clusterenv.learner.dqn import QNetwork, network_tensors, restore_networks
 from clusterenv.learner.rate_limiter import RateLimiter
 from clusterenv.learner.replay import ReplayBuffer
 
@@ -246,9 +246,7 @@ class PPOLearner:
         return self.actor.get_weights()
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
-        out = {f"actor.{k}": v.detach().clone() for k, v in self.actor.state_dict().items()}
-        out.update({f"critic.{k}": v.detach().clone() for k, v in self.critic.state_dict().items()})
-        return out
+        return network_tensors({"actor": self.actor, "critic": self.critic})
 
     def restore(self, tensors: dict[str, torch.Tensor]) -> None:
         """Both networks back from what `state_tensors` returned."""
