@@ -142,7 +142,7 @@ class PPOConfig:
     """minibatches per pass"""
     batch_steps: int = 512
     """transitions (whole chunks) per PPO update; CleanRL: 4 envs x 128 steps"""
-    max_policy_lag: int = 32
+    max_policy_lag: int = 8
     """chunks acted by a policy version more than this many versions behind the newest (one version
     per PPO update) are dropped before training, and counted"""
     ppo_hidden: str = "64,64"

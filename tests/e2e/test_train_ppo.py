@@ -22,7 +22,7 @@ from tests.e2e.test_train_cli import (
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ppo_solves_cartpole_with_the_default_aps_rule(tmp_path):
-    # CleanRL's PPO reaches CartPole's 475 in about 50k-100k env steps; measured here: 80k.
+    # CleanRL's PPO reaches CartPole's 475 in about 50k-100k env steps; seeds 1-5 here: 32k-88k.
     mark = uuid.uuid4().hex
     proc = start_cli(
         ["train", "--algo", "ppo", "--env", "CartPole-v1", "--total-steps", "200000",
@@ -42,7 +42,7 @@ def test_ppo_solves_cartpole_with_the_default_aps_rule(tmp_path):
     assert summary["sync_total"]["probe_fetches"] > 0
     assert summary["lag"]["divergence_mean"] is not None
     # The version guard at half the max lag keeps the workers' policies young enough to train on.
-    assert summary["lag"]["lag_versions_max"] <= 32
+    assert summary["lag"]["lag_versions_max"] <= 16  # guard 4 at chunk start, max lag 8
     assert "pipeline/stale_chunks_dropped" in summary["learner"]  # counted, if any
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert all("losses/approx_kl" in r and "losses/td_loss" not in r for r in rows)
