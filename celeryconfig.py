@@ -2,11 +2,15 @@
 
 Workers on any machine read the broker from CLUSTERENV_REDIS_URL:
     CLUSTERENV_REDIS_URL=redis://HOST:6379/0 celery -A clusterenv.tasks worker --loglevel=INFO
+A password, ACL user and TLS options travel in that URL (docs/operations.md).
 """
 
 import os
 
+from clusterenv.pipeline.connect import celery_ssl
+
 broker_url = os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
+broker_use_ssl = celery_ssl(broker_url)
 # Results travel in task events (Flower shows them); nothing waits on a result backend.
 task_ignore_result = True
 

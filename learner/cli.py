@@ -132,7 +132,7 @@ def train(cfg: TrainConfig) -> int:
     from clusterenv.learner.envs import env_spaces
     from clusterenv.learner.trainer import RunFailed, Trainer
     from clusterenv.pipeline.cluster.embedded import Stack, WorkersDidNotStart
-    from clusterenv.pipeline.connect import RedisUnreachable, connect
+    from clusterenv.pipeline.connect import RedisUnreachable, connect, redact
 
     try:
         cfg.validate()
@@ -156,7 +156,7 @@ def train(cfg: TrainConfig) -> int:
             url = stack.redis_url
             assert url is not None
             _wait_for_workers(connect(url), url)
-            print(f"run {run_id}: broker {url}, run dir {run_dir}", file=sys.stderr)
+            print(f"run {run_id}: broker {redact(url)}, run dir {run_dir}", file=sys.stderr)
             result = Trainer(cfg, url, run_dir, run_id, resumed).run()
     except RedisUnreachable as exc:
         raise CliError(str(exc)) from None
@@ -207,7 +207,9 @@ def _open_run_dir(cfg: TrainConfig) -> tuple[Path, str, Resumed | None, IO]:
 
 def _wait_for_workers(client, url: str, timeout_s: float = 600.0) -> None:
     from clusterenv.pipeline.cluster.registry import WorkerRegistry
+    from clusterenv.pipeline.connect import redact
 
+    url = redact(url)  # the hint shows where the password goes, never the password
     registry = WorkerRegistry(client)
     if registry.alive_processes() > 0:
         return

@@ -17,6 +17,7 @@ from tyro.conf import arg
 from tyro.constructors import PrimitiveConstructorSpec
 
 from clusterenv.pipeline.chunks.dispatcher import DispatchConfig
+from clusterenv.pipeline.connect import redact
 from clusterenv.pipeline.sync.rules import DEFAULT_SYNC, parse_sync
 
 
@@ -226,7 +227,8 @@ class TrainConfig:
     redis_url: Annotated[
         str | None, arg(help_behavior_hint="(default: start an embedded server)")
     ] = None
-    """Redis broker shared with the workers"""
+    """Redis broker shared with the workers (a password, ACL user and TLS options go in the URL:
+    docs/operations.md)"""
     workers: Annotated[
         int | None, arg(help_behavior_hint="(default: one per core without --redis-url, 0 with it)")
     ] = None
@@ -335,7 +337,11 @@ class TrainConfig:
         return 0 if self.redis_url else (os.cpu_count() or 1)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        """The config as written to config.json; a password in the Redis URL is not."""
+        tree = asdict(self)
+        if self.redis_url is not None:
+            tree["redis_url"] = redact(self.redis_url)
+        return json.dumps(tree, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:

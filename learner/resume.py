@@ -74,6 +74,11 @@ def check_overrides(saved: TrainConfig, given: TrainConfig) -> None:
                 f"--{name.replace('_', '-')} {value!r} contradicts the run's {before[name]!r}; "
                 f"a resumed run keeps its config except {allowed}"
             )
+    if given.redis_url is not None and ":***@" in given.redis_url:  # as `redact` wrote it
+        raise ValueError(
+            "the run's --redis-url held a password, which config.json does not keep: "
+            "give --redis-url again"
+        )
 
 
 def run_ids(run_dir: Path) -> list[str]:

@@ -71,6 +71,8 @@ def decode_header(fields: Mapping[bytes, bytes]) -> dict[str, Any]:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CodecError(f"header is not JSON: {exc}") from None
+    except RecursionError:  # JSON nested deeper than Python's parser goes
+        raise CodecError("header is nested too deeply") from None
     if not isinstance(header, dict):
         raise CodecError("header is not a JSON object")
     if header.get("v") != CODEC_VERSION:
@@ -85,7 +87,7 @@ def _described_array(name: str, desc: Any) -> tuple[np.dtype, list[int]]:
     if not isinstance(desc, dict):
         raise CodecError(f"array {name!r}: description is not an object")
     dtype, shape = desc.get("dtype"), desc.get("shape")
-    if dtype not in ALLOWED_DTYPES:
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:  # a list is not even hashable
         raise CodecError(f"array {name!r}: dtype {dtype!r} cannot travel")
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
@@ -218,7 +220,7 @@ def decode_tree(tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
     if not isinstance(tree, dict):
         return tree
     if _ND in tree:
-        if tree[_ND] not in arrays:
+        if not isinstance(tree[_ND], str) or tree[_ND] not in arrays:
             raise CodecError(f"tree refers to missing array {tree[_ND]!r}")
         a = arrays[tree[_ND]]
         shape = tree.get("shape")
@@ -231,6 +233,8 @@ def decode_tree(tree: Any, arrays: Mapping[str, np.ndarray]) -> Any:
         a = a.reshape(shape)
         return a[()] if tree.get("scalar") else a.copy()
     if _TUPLE in tree:
+        if not isinstance(tree[_TUPLE], list):
+            raise CodecError(f"tree tuple is {type(tree[_TUPLE]).__name__}, not a list")
         return tuple(decode_tree(v, arrays) for v in tree[_TUPLE])
     if _REPR in tree:
         return tree[_REPR]

@@ -1,7 +1,16 @@
 """Redis connections with timeouts that suit each use, retries that ride out a broker restart, and
-one clear error when a URL is unreachable."""
+one clear error when a URL is unreachable or refuses our credentials.
+
+A password, an ACL user and TLS all travel in the one URL, in the form both redis-py and Celery's
+Redis transport read (docs/operations.md): `rediss://USER:PASS@HOST:PORT/0?ssl_cert_reqs=required
+&ssl_ca_certs=CA.pem&ssl_certfile=CLIENT.pem&ssl_keyfile=CLIENT.key`.
+"""
 
 from __future__ import annotations
+
+import ssl
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -18,7 +27,24 @@ RETRIES = 30
 
 
 class RedisUnreachable(RuntimeError):
-    """The Redis URL does not answer."""
+    """The Redis URL does not answer, or refuses the URL's credentials."""
+
+
+def redact(url: str) -> str:
+    """`url` with any password replaced by `***`: for messages, logs and hints."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def celery_ssl(url: str) -> dict[str, Any] | None:
+    """Celery's `broker_use_ssl` for `url`: for rediss:// verify the server's certificate, as
+    redis-py does. Celery's Redis transport would otherwise connect without verifying when the URL
+    names no ssl_* option; ssl_* options in the URL replace this whole dict."""
+    return {"ssl_cert_reqs": ssl.CERT_REQUIRED} if url.startswith("rediss://") else None
 
 
 def connect(url: str, *, blocking: bool = False, retries: int = RETRIES) -> redis.Redis:
@@ -29,9 +55,13 @@ def connect(url: str, *, blocking: bool = False, retries: int = RETRIES) -> redi
         with redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=3.0) as probe:
             probe.ping()
     except ValueError as exc:
-        raise RedisUnreachable(f"bad Redis URL {url!r}: {exc}") from None
+        raise RedisUnreachable(f"bad Redis URL {redact(url)!r}: {exc}") from None
+    except redis.AuthenticationError as exc:
+        raise RedisUnreachable(f"Redis at {redact(url)} refused the credentials: {exc}") from None
+    except redis.ResponseError as exc:  # e.g. an ACL user without the commands clusterenv uses
+        raise RedisUnreachable(f"Redis at {redact(url)} refused PING: {exc}") from None
     except redis.RedisError as exc:
-        raise RedisUnreachable(f"cannot reach Redis at {url}: {exc}") from None
+        raise RedisUnreachable(f"cannot reach Redis at {redact(url)}: {exc}") from None
     return redis.Redis.from_url(
         url, socket_timeout=timeout, socket_connect_timeout=3.0, health_check_interval=30,
         retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), retries),

@@ -2,20 +2,20 @@
 
 Workers act with numpy rather than torch: for CartPole-sized nets it is faster per step and keeps
 torch out of the worker's hot loop. Weight names follow `layers.{i}.weight` / `layers.{i}.bias`,
-as `clusterenv.learner.dqn.QNetwork.get_weights` writes them (for PPO, of its policy network). The outputs are
-Q-values (DQN: act ε-greedily) or logits (PPO: sample the categorical policy); evaluation is
-greedy (argmax) either way.
+as `clusterenv.learner.dqn.QNetwork.get_weights` writes them (for PPO, of its policy network).
+The outputs are Q-values (DQN: act ε-greedily) or logits (PPO: sample the categorical policy);
+evaluation is greedy (argmax) either way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 import numpy as np
 
+from clusterenv.pipeline.codec import decode_weights
+
 # How a worker turns the network's outputs into actions; named in every ChunkRequest.
-PolicyKind = Literal["epsilon_greedy", "categorical"]
 POLICY_KINDS: tuple[str, ...] = ("epsilon_greedy", "categorical")
 
 
@@ -23,18 +23,23 @@ class NumpyMLP:
     """Linear layers with ReLU between them; the last layer's outputs are Q-values or logits."""
 
     def __init__(self, weights: Mapping[str, np.ndarray]):
+        """Layers from `layers.{i}.weight` / `.bias`; ValueError names the first one that does not fit."""
         count = 0
         while f"layers.{count}.weight" in weights:
             count += 1
         if count == 0:
             raise ValueError("weights hold no 'layers.0.weight'")
-        self.layers = [
-            (
-                np.ascontiguousarray(weights[f"layers.{i}.weight"].T, dtype=np.float32),
-                np.asarray(weights[f"layers.{i}.bias"], dtype=np.float32),
-            )
-            for i in range(count)
-        ]
+        self.layers = [_layer(weights, i) for i in range(count)]
+        for i in range(1, count):
+            if self.layers[i][0].shape[0] != self.layers[i - 1][1].shape[0]:
+                raise ValueError(
+                    f"layers.{i}.weight takes {self.layers[i][0].shape[0]} inputs, "
+                    f"layers.{i - 1} gives {self.layers[i - 1][1].shape[0]}"
+                )
+
+    @property
+    def num_inputs(self) -> int:
+        return self.layers[0][0].shape[0]
 
     @property
     def num_outputs(self) -> int:
@@ -49,6 +54,26 @@ class NumpyMLP:
             if i < last:
                 np.maximum(x, 0.0, out=x)
         return x
+
+
+def _layer(weights: Mapping[str, np.ndarray], i: int) -> tuple[np.ndarray, np.ndarray]:
+    """(weight transposed, bias) of layer `i`, checked: finite floats, a (out, in) matrix, (out,) bias."""
+    w, b = weights[f"layers.{i}.weight"], weights.get(f"layers.{i}.bias")
+    if b is None:
+        raise ValueError(f"layers.{i}.bias is missing")
+    for name, a, ndim in ((f"layers.{i}.weight", w, 2), (f"layers.{i}.bias", b, 1)):
+        if a.dtype.kind != "f" or a.ndim != ndim or 0 in a.shape:
+            raise ValueError(f"{name}: {a.dtype} {a.shape} is not a non-empty {ndim}-d float array")
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name} has non-finite values")
+    if b.shape[0] != w.shape[0]:
+        raise ValueError(f"layers.{i}.bias has {b.shape[0]} values for {w.shape[0]} outputs")
+    return np.ascontiguousarray(w.T, dtype=np.float32), np.asarray(b, dtype=np.float32)
+
+
+def load_policy(blob: bytes) -> NumpyMLP:
+    """The policy in a safetensors blob; ValueError (CodecError for the bytes) names what is wrong."""
+    return NumpyMLP(decode_weights(blob))
 
 
 def epsilon_greedy(q_values: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:

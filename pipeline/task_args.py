@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from dataclasses import asdict, fields
@@ -17,7 +18,8 @@ def _type_name(value: Any) -> str:
 
 
 def _fits(value: Any, hint: Any) -> bool:
-    """Does a decoded JSON value fit the annotation `hint`? bool is never an int or a float here."""
+    """Does a decoded JSON value fit the annotation `hint`? bool is never an int or a float here,
+    and a float is finite."""
     origin = typing.get_origin(hint)
     if origin is types.UnionType or origin is typing.Union:
         return any(_fits(value, h) for h in typing.get_args(hint))
@@ -29,8 +31,10 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is float:  # Python's JSON reads NaN and Infinity; no argument means them
+        return (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        )
     if hint is str:
         return isinstance(value, str)
     if origin is list:
@@ -82,7 +86,7 @@ def _describe(hint: Any) -> str:
         return " or ".join(_describe(h) for h in typing.get_args(hint))
     if hint is type(None):
         return "null"
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    names = {bool: "a boolean", int: "an integer", float: "a finite number", str: "a string"}
     if hint in names:
         return names[hint]
     if origin is list:

@@ -8,6 +8,7 @@ then acks and deletes them, so a chunk is never lost between the stream and repl
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,12 +74,38 @@ def check_content(
             raise CodecError(f"header field {key!r} must be an integer")
     if not isinstance(header.get("worker"), str):
         raise CodecError("header field 'worker' must be a string")
+    _check_worker_report(header)
     action = arrays["action"]
     if action.size and (action.min() < 0 or action.max() >= num_actions):
         raise CodecError(f"action outside [0, {num_actions})")
     for name, a in arrays.items():
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise CodecError(f"array {name!r} has non-finite values")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _check_worker_report(header: dict[str, Any]) -> None:
+    """The optional fields a worker reports and the learner counts (learner/accounting.py), in the
+    form it counts them: a bad one is refused here, before its rows reach replay."""
+    if "env_steps" in header and not (_is_int(header["env_steps"]) and header["env_steps"] >= 0):
+        raise CodecError("header field 'env_steps' must be an integer >= 0")
+    episodes = header.get("episodes", [])
+    if not isinstance(episodes, list) or not all(
+        isinstance(e, list) and len(e) == 2 and _is_number(e[0]) and _is_int(e[1]) for e in episodes
+    ):
+        raise CodecError("header field 'episodes' must be a list of [return, length] pairs")
+    sync = header.get("sync", {})
+    if not isinstance(sync, dict) or not all(_is_int(v) for v in sync.values()):
+        raise CodecError("header field 'sync' must map counter names to integers")
+    if header.get("divergence") is not None and not _is_number(header["divergence"]):
+        raise CodecError("header field 'divergence' must be a finite number or null")
 
 
 class StreamReader:

@@ -15,10 +15,9 @@ import numpy as np
 import redis
 
 from clusterenv.pipeline.chunks.actor import make_vector_env
-from clusterenv.pipeline.codec import decode_weights
 from clusterenv.pipeline.evaluation.request import EvalRequest
 from clusterenv.pipeline.keys import RunKeys
-from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.policy import NumpyMLP, load_policy
 from clusterenv.pipeline.sync.client import read_weights
 
 # The learner reads results within seconds; a result nobody reads must not stay forever.
@@ -59,12 +58,14 @@ class EvalRunner:
         # Retention dropped the version meanwhile: evaluate the newest, and say which.
         found = read_weights(self.client, keys, req.version)
         version = found[0] if found is not None else -1
-        if found is None:
-            result: dict[str, Any] = {"error": f"no weights for version {req.version}"}
-        else:
-            policy = NumpyMLP(decode_weights(found[1]))
-            returns = greedy_returns(self._vector_env(req), policy, req.seeds)
-            result = {"returns": [float(r) for r in returns]}
+        result: dict[str, Any] = {"error": f"no weights for version {req.version}"}
+        if found is not None:
+            try:
+                policy = load_policy(found[1])
+                returns = greedy_returns(self._vector_env(req), policy, req.seeds)
+                result = {"returns": [float(r) for r in returns]}
+            except ValueError as exc:  # the learner hears why, instead of waiting for a result
+                result = {"error": f"weights version {version} rejected: {exc}"}
         result |= {"eval": req.eval_id, "part": req.part, "version": version,
                    "worker": self.worker_name}  # fmt: skip
         pipe = self.client.pipeline(transaction=True)

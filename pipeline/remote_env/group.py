@@ -23,7 +23,7 @@ from gymnasium.vector import AutoresetMode
 from clusterenv.pipeline.cluster.celery_client import celery_client
 from clusterenv.pipeline.cluster.heartbeat import Heartbeat
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
-from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.connect import connect, redact
 from clusterenv.pipeline.keys import ShardKeys, remote_env_client, remote_env_replies
 from clusterenv.pipeline.remote_env.messages import (
     CLOSE,
@@ -187,7 +187,7 @@ class ShardGroup:
         return (
             f"{len(refs)} shard(s) of {self.env_id!r} (envs {envs}) were not started by any worker "
             f"within {self.placement_timeout_s:.0f} s; {alive} idle worker process(es) on "
-            f"{self.redis_url}. A shard holds one worker process while its env is open: start "
+            f"{redact(self.redis_url)}. A shard holds one worker process while its env is open: start "
             f"more workers (`celery -A clusterenv.tasks worker`), close other remote envs, or pass shards=..."
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,8 +51,9 @@ class RemoteEnvOptions:
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "placement_timeout_s", "heartbeat_ttl_s", "idle_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            # Finite too: the shard's task arguments (ShardSpec) refuse NaN and infinity.
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be positive and finite, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -137,14 +139,33 @@ def pack(msg: Message) -> bytes:
     return pack_message(header, {**msg.arrays, **tree_arrays})
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def request_problem(msg: Message) -> str | None:
+    """What makes a reset request unusable by a shard (None if nothing): a reset needs one seed (an
+    integer or null) per env, if it gives seeds. A step's actions are checked against the shard's
+    action leaves by the shard itself."""
+    if msg.op == RESET:
+        seeds = msg.extra.get("seeds")
+        if seeds is not None and (
+            not isinstance(seeds, list)
+            or len(seeds) != len(msg.envs)
+            or not all(s is None or _is_int(s) for s in seeds)
+        ):
+            return f"a reset needs one seed (an integer or null) per env, got {seeds!r}"
+    return None
+
+
 def unpack(blob: bytes) -> Message:
     """A message from BLPOP bytes; malformed input raises CodecError."""
     header, arrays = unpack_message(blob)
     op, seq, envs = header.pop("op", None), header.pop("seq", None), header.pop("envs", None)
     shard = header.pop("shard", None)
-    if op not in OPS or not all(isinstance(x, int) for x in (seq, shard)):
+    if op not in OPS or not all(_is_int(x) for x in (seq, shard)):
         raise CodecError(f"not a shard message: op={op!r} seq={seq!r} shard={shard!r}")
-    if not isinstance(envs, list):
+    if not isinstance(envs, list) or not all(_is_int(i) for i in envs):
         raise CodecError(f"not a shard message: envs={envs!r}")
     tree = decode_tree(header.pop("tree", None), arrays)
     header.pop("v", None)

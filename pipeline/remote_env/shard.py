@@ -36,6 +36,7 @@ from clusterenv.pipeline.remote_env.messages import (
     ShardSpec,
     jsonable_metadata,
     pack,
+    request_problem,
     unpack,
 )
 from clusterenv.pipeline.remote_env.spaces import Rows, from_leaves, leaf_spaces, space_to_tree
@@ -243,11 +244,15 @@ class Shard:
         unknown = [i for i in msg.envs if i not in self.envs and msg.op != ADOPT]
         if unknown:
             return Message(msg.op, msg.seq, msg.envs, extra={"fatal": f"no envs {unknown} here"})
+        problem = request_problem(msg)
+        if problem is not None:
+            return Message(msg.op, msg.seq, msg.envs, extra={"fatal": f"bad request: {problem}"})
         if msg.op == STEP:
             want = {f"action{k}": (len(msg.envs),) for k in range(len(self.action_leaves))}
             if any(msg.arrays.get(k, np.zeros(0)).shape[:1] != n for k, n in want.items()):
                 got = {k: a.shape for k, a in msg.arrays.items()}
-                return Message(STEP, msg.seq, msg.envs, extra={"fatal": f"bad actions {got}"})
+                problem = f"a step needs one action per env and leaf {want}, got {got}"
+                return Message(STEP, msg.seq, msg.envs, extra={"fatal": f"bad request: {problem}"})
             return self.step(msg)
         if msg.op == RESET:
             return self.reset(msg)

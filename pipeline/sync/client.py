@@ -8,6 +8,7 @@ probe (and the reference states it was computed on, when they changed) to measur
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -15,11 +16,17 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import redis
 
-from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk, decode_weights
+from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk
 from clusterenv.pipeline.keys import RunKeys
-from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.policy import NumpyMLP, load_policy
 from clusterenv.pipeline.roles import SyncRule
 from clusterenv.pipeline.sync.divergence import DIVERGENCES
+
+log = logging.getLogger(__name__)
+
+
+class WeightsRejected(ValueError):
+    """The run's weights do not make a policy, and the worker holds none to act with instead."""
 
 
 def _size(fields: Mapping[bytes, bytes]) -> int:
@@ -48,6 +55,9 @@ class SyncCounters:
     weight_bytes: int = 0
     probe_fetches: int = 0
     probe_bytes: int = 0
+    # Blobs and probes refused (reasons in RedisWeightClient.rejected_reasons and the log).
+    weights_rejected: int = 0
+    probes_rejected: int = 0
 
 
 class RedisWeightClient:
@@ -65,6 +75,7 @@ class RedisWeightClient:
         self.run_stopped = False
         self.last_divergence: float | None = None
         self.counters = SyncCounters()
+        self.rejected_reasons: dict[str, int] = {}
         self._fetched_at = time.monotonic()
         self._reference: tuple[int, np.ndarray] | None = None
 
@@ -98,54 +109,87 @@ class RedisWeightClient:
         return time.monotonic() - self._fetched_at
 
     def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None:
-        """D between the held policy and `version`, from that version's probe; None if no probe."""
+        """D between the held policy and `version`, from that version's probe; None if no usable
+        probe (the rule then fetches, as it would without APS)."""
         probe = self._read(
             self.keys.probe(version), {"q": ArraySpec("<f4", (self.policy.num_outputs,))}
         )
         if probe is None:
             return None
         header, arrays = probe
-        states = self._reference_states(header.get("ref"))
-        if states is None or len(states) != len(arrays["q"]):
+        ref = header.get("ref")
+        if not isinstance(ref, int) or isinstance(ref, bool):
+            return self._reject("probe", f"probe {version}: 'ref' {ref!r} is not an integer")
+        states = self._reference_states(ref)
+        if states is None:
             return None
+        if len(states) != len(arrays["q"]):
+            return self._reject(
+                "probe", f"probe {version}: {len(arrays['q'])} rows for {len(states)} states"
+            )
         d = DIVERGENCES[self.kind][measure](arrays["q"], self.policy(states), epsilon)
         self.last_divergence = d
         return d
 
-    def _reference_states(self, ref: object) -> np.ndarray | None:
-        if not isinstance(ref, int):
-            return None
+    def _reference_states(self, ref: int) -> np.ndarray | None:
         if self._reference is not None and self._reference[0] == ref:
             return self._reference[1]
-        obs_dim = self.policy.layers[0][0].shape[0]
-        got = self._read(self.keys.reference(ref), {"obs": ArraySpec("<f4", (obs_dim,))})
+        obs = ArraySpec("<f4", (self.policy.num_inputs,))
+        got = self._read(self.keys.reference(ref), {"obs": obs})
         if got is None:
             return None
         self._reference = (ref, got[1]["obs"].copy())
         return self._reference[1]
 
     def _read(self, key: str, expected: dict[str, ArraySpec]):
+        """A probe or reference hash, decoded and checked; None (a counted rejection) if bad."""
         fields = self.client.hgetall(key)
         if not fields:
             return None
         self.counters.probe_fetches += 1
         self.counters.probe_bytes += _size(fields)
         try:
-            return decode_chunk(fields, expected)
-        except CodecError:
-            return None
+            header, arrays = decode_chunk(fields, expected)
+        except CodecError as exc:
+            return self._reject("probe", f"{key}: {exc}")
+        if not all(np.isfinite(a).all() for a in arrays.values()):
+            return self._reject("probe", f"{key}: non-finite values")
+        return header, arrays
+
+    def _reject(self, kind: str, reason: str) -> None:
+        """Count a refused weights blob or probe under its reason; log it once per reason."""
+        if kind == "weights":
+            self.counters.weights_rejected += 1
+        else:
+            self.counters.probes_rejected += 1
+        if reason not in self.rejected_reasons:
+            log.warning("run %s: rejected %s", self.keys.run_id, reason)
+        self.rejected_reasons[reason] = self.rejected_reasons.get(reason, 0) + 1
 
     def _fetch(self, version: int) -> None:
         found = read_weights(self.client, self.keys, version)  # expired meanwhile: the newest
         if found is None:
             raise RuntimeError(f"weights version {version} of run {self.keys.run_id!r} vanished")
         version, blob = found
-        self.policy = NumpyMLP(decode_weights(blob))
+        self.counters.weight_fetches += 1
+        self.counters.weight_bytes += len(blob)
+        try:
+            policy = load_policy(blob)
+            held = self.policy
+            if held is not None and (
+                policy.num_inputs != held.num_inputs or policy.num_outputs != held.num_outputs
+            ):
+                raise ValueError("inputs or outputs differ from the version held")
+        except ValueError as exc:
+            reason = f"weights version {version}: {exc}"
+            self._reject("weights", reason)
+            if self.policy is None:
+                raise WeightsRejected(reason) from None
+            return  # act on with the version held; the rule asks again next chunk
+        self.policy = policy
         self.version = version
         self.steps_since_fetch = 0
         self._fetched_at = time.monotonic()
-        self.counters.weight_fetches += 1
-        self.counters.weight_bytes += len(blob)
 
     def counters_json(self) -> dict[str, int]:
         return asdict(self.counters)

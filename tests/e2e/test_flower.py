@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -17,37 +11,19 @@ import pytest
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.sync.source import RedisWeightSource
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.servers import flower, http_get
 
 
 def get_json(url: str):
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return json.loads(resp.read())
+    status, body = http_get(url)
+    assert status == 200, status
+    return json.loads(body)
 
 
 @pytest.mark.slow
 def test_flower_shows_chunks(redis_url, workers, celery_app, client, run_id):
-    port = free_port()
-    env = {**os.environ, "CLUSTERENV_REDIS_URL": redis_url, "FLOWER_UNAUTHENTICATED_API": "true"}
-    flower = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "clusterenv.tasks", "flower", f"--port={port}", "--address=127.0.0.1"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                get_json(f"{base}/api/tasks?limit=1")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "flower did not come up"
-                time.sleep(0.3)
+    unauthenticated = {"FLOWER_UNAUTHENTICATED_API": "true"}
+    with flower(redis_url, env=unauthenticated, timeout_s=30) as base:
         time.sleep(1.0)  # let Flower's event receiver attach before the tasks run
         w = {
             "layers.0.weight": np.ones((2, 4), np.float32),
@@ -69,6 +45,3 @@ def test_flower_shows_chunks(redis_url, workers, celery_app, client, run_id):
             result = json.loads(t["result"])  # the result summary reads as JSON
             assert result["steps"] == 10 and result["policy_version"] == 0, result
             assert {"episodes_finished", "weight_fetches", "bytes"} <= set(result), result
-    finally:
-        os.killpg(flower.pid, signal.SIGTERM)
-        flower.wait(timeout=10)

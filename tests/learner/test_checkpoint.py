@@ -257,3 +257,12 @@ def test_each_learner_of_a_run_directory_gets_its_own_run_id_and_the_lock(tmp_pa
     with lock_run_dir(run_dir), pytest.raises(ValueError, match="in use by a running learner"):
         lock_run_dir(run_dir)
     lock_run_dir(run_dir).close()  # free again once the holder closed it
+
+
+def test_a_resume_asks_again_for_a_password_config_json_does_not_keep():
+    from clusterenv.learner.resume import check_overrides
+
+    saved = TrainConfig(redis_url="redis://:***@broker:6379/0")
+    with pytest.raises(ValueError, match="give --redis-url again"):
+        check_overrides(saved, TrainConfig(redis_url=saved.redis_url))
+    check_overrides(saved, TrainConfig(redis_url="redis://:secret@broker:6379/0"))
