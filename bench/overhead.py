@@ -50,8 +50,8 @@ def in_process(
     actor = Actor(make_vector_env(ENV, {}, num_envs), env_seeds(seed, 0, num_envs))
     policy, rng = NumpyMLP(weights), np.random.default_rng(seed)
 
-    def act(obs: np.ndarray) -> np.ndarray:
-        return epsilon_greedy(policy(obs), epsilon, rng)
+    def act(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        return epsilon_greedy(policy(obs), epsilon, rng), {}
 
     try:
         for _ in range(warmup):

@@ -1,4 +1,4 @@
-"""Sync rules compared on real DQN runs: weight bytes and fetches against sample efficiency.
+"""Sync rules compared on real DQN or PPO runs: weight bytes and fetches against sample efficiency.
 
 For each env, rule and seed, `clusterenv train --sync RULE` runs for a fixed env-step budget (no
 early stop, so the area under the eval curve compares like with like). Per run: env steps to the
@@ -8,6 +8,7 @@ then summarised per rule and plotted as bytes vs steps-to-solve.
 
     python -m bench.sync_policies                      # the full grid (about an hour here)
     python -m bench.sync_policies --seeds 1 --envs CartPole-v1 --rules on-change,aps:0.02
+    python -m bench.sync_policies --algo ppo           # PPO's grid (aps:TOL is the policies' KL)
 """
 
 from __future__ import annotations
@@ -29,29 +30,47 @@ from clusterenv.pipeline.sync.rules import Aps, parse_sync
 
 # tv and kl tolerances are paired: with two actions a greedy flip costs (1-ε) in tv and about
 # 3.7 nats in kl at ε = 0.04, so tv 0.1 / 0.3 fire at about the flip rates kl 0.3 / 1 do.
-RULES = [
-    "always", "on-change", "interval:1024", "interval:4096", "interval:16384",
-    "aps:0.005", "aps:0.01", "aps:0.02", "aps:0.1:tv", "aps:0.3:tv", "aps:0.3:kl", "aps:1:kl",
-]  # fmt: skip
+RULES = {
+    "dqn": [
+        "always", "on-change", "interval:1024", "interval:4096", "interval:16384",
+        "aps:0.005", "aps:0.01", "aps:0.02", "aps:0.1:tv", "aps:0.3:tv", "aps:0.3:kl", "aps:1:kl",
+    ],
+    # PPO: `aps:TOL` is the mean KL of the categorical policies; a clipped update moves about
+    # clip²/2 = 0.02 (docs/architecture.md), so the tolerances bracket one update.
+    "ppo": [
+        "always", "on-change", "interval:1024", "interval:4096", "interval:16384",
+        "aps:0.005", "aps:0.01", "aps:0.02", "aps:0.05",
+    ],
+}  # fmt: skip
 
-# Per env: budget, solved level, and flags on top of the defaults.
-ENVS: dict[str, dict[str, Any]] = {
-    "CartPole-v1": {"budget": 50_000, "solved": 475.0, "flags": []},
-    "Acrobot-v1": {
-        "budget": 50_000,
-        "solved": -100.0,
-        "flags": ["--lr", "6.3e-4", "--eps-decay-steps", "10000", "--eps-end", "0.05"],
+# Per algorithm and env: budget, solved level, and flags on top of the defaults.
+ENVS: dict[str, dict[str, dict[str, Any]]] = {
+    "dqn": {
+        "CartPole-v1": {"budget": 50_000, "solved": 475.0, "flags": []},
+        "Acrobot-v1": {
+            "budget": 50_000,
+            "solved": -100.0,
+            "flags": ["--lr", "6.3e-4", "--eps-decay-steps", "10000", "--eps-end", "0.05"],
+        },
+    },
+    # CleanRL's PPO defaults throughout; budgets not yet tuned by a run of this grid.
+    "ppo": {
+        "CartPole-v1": {"budget": 150_000, "solved": 475.0, "flags": []},
+        "Acrobot-v1": {"budget": 200_000, "solved": -100.0, "flags": []},
+        "LunarLander-v3": {"budget": 1_000_000, "solved": 200.0, "flags": []},
     },
 }
 WORKERS = 2
 
 
-def run_one(env: str, rule: str, seed: int, runs_dir: Path) -> dict[str, Any]:
-    spec = ENVS[env]
+def run_one(
+    algo: str, env: str, rule: str, seed: int, runs_dir: Path, budget: int
+) -> dict[str, Any]:
+    spec = ENVS[algo][env]
     parent = Path(tempfile.mkdtemp(prefix="sync-", dir=runs_dir))
     cmd = [
-        *TRAIN, "--env", env, "--seed", str(seed),
-        "--sync", rule, "--total-steps", str(spec["budget"]), "--target-return", "1e9",
+        *TRAIN, "--algo", algo, "--env", env, "--seed", str(seed),
+        "--sync", rule, "--total-steps", str(budget), "--target-return", "1e9",
         "--workers", str(WORKERS), "--run-dir", str(parent), *spec["flags"],
     ]  # fmt: skip
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -63,7 +82,7 @@ def run_one(env: str, rule: str, seed: int, runs_dir: Path) -> dict[str, Any]:
     solved_at, _ = first_solve(run, spec["solved"])
     sync = summary["sync_total"]
     return {
-        "env": env, "rule": rule, "seed": seed, "run_dir": str(run_dir),
+        "algo": algo, "env": env, "rule": rule, "seed": seed, "run_dir": str(run_dir),
         "steps_to_solve": solved_at,
         "auc": float(np.mean([r["eval/return_mean"] for r in rows])),
         "weight_bytes_per_worker": sync.get("weight_bytes", 0) / WORKERS,
@@ -124,14 +143,18 @@ FAMILIES = {  # rule family -> (marker, colour) in the trade-off plot
 }  # fmt: skip
 
 
-def family(spec: str) -> str:
+def family(spec: str, algo: str) -> str:
     """`aps:<divergence>` for APS rules, else the rule's name: what the plot colours by."""
-    rule = parse_sync(spec)
+    rule = parse_sync(spec, policy="categorical" if algo == "ppo" else "epsilon_greedy")
     return f"aps:{rule.divergence}" if isinstance(rule, Aps) else spec.split(":")[0]
 
 
 def plot(
-    summaries: dict[str, list[dict[str, Any]]], runs: list[dict[str, Any]], path: Path
+    summaries: dict[str, list[dict[str, Any]]],
+    runs: list[dict[str, Any]],
+    path: Path,
+    algo: str,
+    budget: dict[str, int],
 ) -> None:
     """Median steps vs median bytes per rule (outlined: Pareto front), each seed as a faint dot."""
     import matplotlib
@@ -141,9 +164,9 @@ def plot(
 
     fig, axes = plt.subplots(1, len(summaries), figsize=(6.5 * len(summaries), 5), squeeze=False)
     for ax, (env, rows) in zip(axes[0], summaries.items(), strict=True):
-        censored = ENVS[env]["budget"] * 1.05
+        censored = budget[env] * 1.05
         for r in rows:
-            marker, colour = FAMILIES[family(r["rule"])]
+            marker, colour = FAMILIES[family(r["rule"], algo)]
             seeds = [o for o in runs if o["env"] == env and o["rule"] == r["rule"]]
             ax.scatter(
                 [o["weight_bytes_per_worker"] / 1e6 + o["probe_bytes_per_worker"] / 1e6 for o in seeds],
@@ -160,24 +183,25 @@ def plot(
             "weight + probe MB per worker (log; big: median over seeds, faint: each seed)"
         )
         ax.set_ylabel("env steps to the solved level (at the top: not solved)")
-        ax.axhline(ENVS[env]["budget"], color="grey", lw=0.5)
-        ax.set_title(f"{env}: bytes vs sample efficiency (outlined: Pareto front)")
+        ax.axhline(budget[env], color="grey", lw=0.5)
+        ax.set_title(f"{algo.upper()} {env}: bytes vs sample efficiency (outlined: Pareto front)")
     save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--envs", default=",".join(ENVS), help="comma-separated env ids (from ENVS)")
-    p.add_argument("--rules", default=",".join(RULES), help="comma-separated --sync specs")
+    p.add_argument("--algo", choices=("dqn", "ppo"), default="dqn", help="clusterenv train --algo")
+    p.add_argument("--envs", help="comma-separated env ids (default: all of the algo's ENVS)")
+    p.add_argument("--rules", help="comma-separated --sync specs (default: the algo's RULES)")
     p.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "sync_policies.json", help="summary")
+    p.add_argument("--budget", type=int, help="env steps per run (default: the env's; smoke tests)")
+    p.add_argument("--out", type=Path, help="summary (default: results/sync_policies[_ppo].json)")
     p.add_argument(
         "--runs-out",
         type=Path,
-        default=RESULTS_DIR / "sync_policies",
         help="per-run results, one <env>.json each, so two envs' grids can run side by side",
     )
-    p.add_argument("--plot", type=Path, default=Path("docs/img/sync_tradeoff.png"))
+    p.add_argument("--plot", type=Path, help="default: docs/img/sync_tradeoff[_ppo].png")
     p.add_argument(
         "--runs-dir", type=Path, default=Path("runs/bench-sync"), help="run dirs go here"
     )
@@ -186,12 +210,18 @@ def main(argv: list[str] | None = None) -> int:
         "--no-run", action="store_true", help="only summarise and plot the runs already done"
     )
     args = p.parse_args(argv)
-    envs, rules = args.envs.split(","), args.rules.split(",")
+    algo, suffix = args.algo, "_ppo" if args.algo == "ppo" else ""
+    envs = args.envs.split(",") if args.envs else list(ENVS[algo])
+    rules = args.rules.split(",") if args.rules else RULES[algo]
+    budget = {env: args.budget or ENVS[algo][env]["budget"] for env in envs}
+    out = args.out or RESULTS_DIR / f"sync_policies{suffix}.json"
+    runs_out = args.runs_out or RESULTS_DIR / f"sync_policies{suffix}"
+    plot_path = args.plot or Path(f"docs/img/sync_tradeoff{suffix}.png")
     seeds = [int(s) for s in args.seeds.split(",")]
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     for env in envs:
-        env_file = args.runs_out / f"{env}.json"
+        env_file = runs_out / f"{env}.json"
         mine = []
         if (args.resume or args.no_run) and env_file.exists():
             mine = json.loads(env_file.read_text())["runs"]
@@ -200,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             for rule in rules:
                 if (rule, seed) in done or args.no_run:
                     continue
-                r = run_one(env, rule, seed, args.runs_dir)
+                r = run_one(algo, env, rule, seed, args.runs_dir, budget[env])
                 mine.append(r)
                 print(f"{env} {rule:>14} seed {seed}: solved at {r['steps_to_solve']}, "
                       f"{r['weight_bytes_per_worker'] / 1e6:.2f} MB/worker, {r['wall_s']:.0f} s", flush=True)  # fmt: skip
@@ -208,13 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         runs += mine
     summaries = {env: summarise(runs, env) for env in envs if any(r["env"] == env for r in runs)}
     for env, rows in summaries.items():
-        print(
-            f"\n## {env} (budget {ENVS[env]['budget']} env steps, solved = {ENVS[env]['solved']})"
-        )
+        solved = ENVS[algo][env]["solved"]
+        print(f"\n## {algo} {env} (budget {budget[env]} env steps, solved = {solved})")
         print(table(rows, list(rows[0])))
-    write_results("sync_policies", {"summary": summaries, "runs": runs}, args.out)
-    plot(summaries, runs, args.plot)
-    print(f"\nplot: {args.plot}")
+    write_results("sync_policies", {"summary": summaries, "runs": runs}, out)
+    plot(summaries, runs, plot_path, algo, budget)
+    print(f"\nplot: {plot_path}")
     return 0
 
 

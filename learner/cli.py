@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A clusterenv.tasks worker --loglevel=INFO"
 USAGE = """usage: clusterenv {train,eval,report,status} [--help] | --version
 
-  train    train Double DQN (embedded server and local workers unless --redis-url)
+  train    train Double DQN or PPO (embedded server and local workers unless --redis-url)
   eval     greedy return of a checkpoint or run directory, mean ± std over episodes; MP4s
   report   plots and a table from one or more run directories
   status   the progress of the runs on a broker, as their learners last wrote it

@@ -11,7 +11,7 @@ import json
 import os
 import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from tyro.conf import arg
 from tyro.constructors import PrimitiveConstructorSpec
@@ -47,11 +47,11 @@ class CollectionConfig:
     chunk_steps: int = 32
     """steps per env in one chunk (a chunk holds envs_per_worker x chunk_steps env steps)"""
     eps_start: float = 1.0
-    """initial exploration epsilon"""
+    """initial exploration epsilon (DQN; PPO samples its policy)"""
     eps_end: float = 0.04
-    """final exploration epsilon"""
+    """final exploration epsilon (DQN)"""
     eps_decay_steps: int = 16_000
-    """env steps over which epsilon decays linearly"""
+    """env steps over which epsilon decays linearly (DQN)"""
 
     @property
     def chunk_env_steps(self) -> int:
@@ -71,7 +71,7 @@ class WeightSyncConfig:
     max_lag_seconds: float = 0.0
     """aps guard: fetch when the held policy is this many seconds old (0: off)"""
     publish_every: int = 128
-    """gradient steps between published weight versions"""
+    """gradient steps between published weight versions (DQN; PPO publishes after every update)"""
     reference_size: int = 256
     """reference states the probes are computed on"""
     reference_every: int = 16
@@ -80,6 +80,17 @@ class WeightSyncConfig:
     """seconds a published version (weights, probe, reference) stays on the broker"""
     weights_kept: int = 64
     """published versions kept; older ones are deleted (a worker holding one then fetches)"""
+
+
+def hidden_sizes(text: str, flag: str) -> list[int]:
+    """Layer sizes from "256,256"; a ValueError naming the flag otherwise."""
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) <= 0:
+        raise ValueError(f"--{flag} must be positive integers like 256,256, got {text!r}")
+    return sizes
 
 
 @dataclass
@@ -100,15 +111,43 @@ class DQNConfig:
     """Double DQN targets (the online net picks the next action); --no-double: plain DQN's max"""
 
     def hidden_sizes(self) -> list[int]:
-        try:
-            sizes = [int(s) for s in self.hidden.split(",") if s.strip()]
-        except ValueError:
-            sizes = []
-        if not sizes or min(sizes) <= 0:
-            raise ValueError(
-                f"--hidden must be positive integers like 256,256, got {self.hidden!r}"
-            )
-        return sizes
+        return hidden_sizes(self.hidden, "hidden")
+
+
+@dataclass
+class PPOConfig:
+    """PPO on chunks (learner/ppo.py); CleanRL's ppo.py defaults. Flags differ from DQN's (the
+    CLI's flags carry no prefix): --ppo-lr, --ppo-gamma, --ppo-hidden, --ppo-max-grad-norm."""
+
+    ppo_lr: float = 2.5e-4
+    """Adam learning rate (constant: an asynchronous run has no fixed number of updates to anneal over)"""
+    ppo_gamma: float = 0.99
+    """discount"""
+    gae_lambda: float = 0.95
+    """lambda of generalized advantage estimation"""
+    clip_coef: float = 0.2
+    """PPO's clip range of the ratio pi/pi_behaviour"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    clip_vloss: bool = True
+    """clip the value loss around the values at the start of the update, as CleanRL"""
+    norm_adv: bool = True
+    """normalize advantages per minibatch"""
+    ppo_max_grad_norm: float = 0.5
+    """gradient clipping norm"""
+    update_epochs: int = 4
+    """passes over each batch"""
+    num_minibatches: int = 4
+    """minibatches per pass"""
+    batch_steps: int = 512
+    """transitions (whole chunks) per PPO update; CleanRL: 4 envs x 128 steps"""
+    max_policy_lag: int = 8
+    """chunks acted by a policy version more than this many versions behind the newest (one version
+    per PPO update) are dropped before training, and counted"""
+    ppo_hidden: str = "64,64"
+    """hidden layer sizes of the policy and of the value network, comma-separated"""
 
 
 @dataclass
@@ -159,7 +198,8 @@ class CheckpointConfig:
 
 @dataclass
 class TrainConfig:
-    """Train Double DQN: envs on Celery workers, transitions through Redis, one learner.
+    """Train Double DQN (or PPO: --algo ppo): envs on Celery workers, transitions through Redis,
+    one learner.
 
     Without --redis-url, starts an embedded Redis-compatible server and one local celery worker
     per core. With --redis-url, uses the workers attached to that broker plus --workers local ones.
@@ -167,6 +207,9 @@ class TrainConfig:
 
     env: str = "CartPole-v1"
     """Gymnasium env id (Discrete actions, Box observations)"""
+    algo: Literal["dqn", "ppo"] = "dqn"
+    """dqn: Double DQN from replay, workers act ε-greedily; ppo: PPO on chunks, workers sample
+    their cached policy and send its log-probs (docs/architecture.md, PPO)"""
     preset: bool = True
     """start from the env's entry in learner/presets.toml when it has one (flags override it);
     --no-preset: the plain defaults below"""
@@ -205,6 +248,7 @@ class TrainConfig:
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     weights: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     dqn: DQNConfig = field(default_factory=DQNConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -253,7 +297,39 @@ class TrainConfig:
         if w.max_lag_versions < 0 or not w.max_lag_seconds >= 0:
             raise ValueError("--max-lag-versions and --max-lag-seconds must be >= 0")
         self.dqn.hidden_sizes()  # raises on a bad list
-        parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds)
+        self._validate_ppo()
+        if self.algo == "ppo" and self.checkpoint.checkpoint_replay:
+            raise ValueError(
+                "--checkpoint-replay: PPO learns from fresh chunks and has no replay to keep"
+            )
+        parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds, self.policy_kind)
+
+    def _validate_ppo(self) -> None:
+        p = self.ppo
+        for name in (
+            "ppo_lr",
+            "update_epochs",
+            "num_minibatches",
+            "batch_steps",
+            "ppo_max_grad_norm",
+        ):
+            if not getattr(p, name) > 0:
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be positive, got {getattr(p, name)}"
+                )
+        for name in ("clip_coef", "ent_coef", "vf_coef", "max_policy_lag"):
+            if not getattr(p, name) >= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(p, name)}")
+        if not 0.0 < p.ppo_gamma <= 1.0 or not 0.0 <= p.gae_lambda <= 1.0:
+            raise ValueError("need 0 < --ppo-gamma <= 1 and 0 <= --gae-lambda <= 1")
+        if p.batch_steps < p.num_minibatches:
+            raise ValueError("--batch-steps must be at least --num-minibatches")
+        hidden_sizes(p.ppo_hidden, "ppo-hidden")
+
+    @property
+    def policy_kind(self) -> str:
+        """How workers act (pipeline/policy.py): ε-greedy on Q for DQN, sampled logits for PPO."""
+        return "categorical" if self.algo == "ppo" else "epsilon_greedy"
 
     def local_workers(self) -> int:
         if self.workers is not None:

@@ -7,6 +7,7 @@ allows it; `update(batch)` is the math alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -63,6 +64,14 @@ class DQNLearner:
         self.last_loss = float("nan")
         self._params = list(self.q.parameters())
 
+    def insert(self, header: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
+        """The ingest thread's sink: a chunk's transitions into replay; the rows inserted."""
+        a = arrays
+        self.replay.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
+        rows = len(a["action"])
+        self.limiter.on_insert(rows)
+        return rows
+
     def step(self) -> bool:
         """One update on a replay minibatch if the rate limiter allows one; whether it ran."""
         if not self.limiter.can_sample(self.cfg.batch_size):
@@ -104,8 +113,29 @@ class DQNLearner:
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.q.get_weights()
 
+    def metrics(self) -> dict[str, float | int | None]:
+        return {"losses/td_loss": self.last_loss, "learner/replay_size": self.replay.size}
+
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Both networks, safetensors-ready (the final checkpoint)."""
-        out = {f"q.{k}": v.detach().clone() for k, v in self.q.state_dict().items()}
-        out.update({f"target.{k}": v.detach().clone() for k, v in self.target.state_dict().items()})
-        return out
+        return network_tensors({"q": self.q, "target": self.target})
+
+    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Both networks back from what `state_tensors` returned."""
+        restore_networks({"q": self.q, "target": self.target}, tensors)
+
+
+def network_tensors(nets: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
+    """Copies of each net's parameters, named `{its key}.{parameter}`."""
+    return {
+        f"{prefix}.{k}": v.detach().clone()
+        for prefix, net in nets.items()
+        for k, v in net.state_dict().items()
+    }
+
+
+def restore_networks(nets: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor]) -> None:
+    """Load each net from the tensors named `{its key}.{parameter}` (a state_tensors dict)."""
+    for prefix, net in nets.items():
+        net.load_state_dict({k.removeprefix(f"{prefix}."): v for k, v in tensors.items()
+                             if k.startswith(f"{prefix}.")})  # fmt: skip

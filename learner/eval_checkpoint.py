@@ -1,4 +1,4 @@
-"""`clusterenv eval`: greedy episodes of a saved Q-network on this machine, optionally as MP4s.
+"""`clusterenv eval`: greedy episodes of a saved network (DQN's Q, PPO's policy) here, optionally as MP4s.
 
 The env (id and keyword arguments) comes from the run's config.json; the forward pass is the
 numpy policy the workers act and evaluate with (pipeline/policy.py), and the episodes are
@@ -18,9 +18,10 @@ from clusterenv.pipeline.codec import decode_weights
 from clusterenv.pipeline.evaluation.runner import greedy_returns
 from clusterenv.pipeline.policy import NumpyMLP
 
-# The trainer's checkpoints hold the online network under this prefix (and the target under
-# `target.`); the rest of each name is what NumpyMLP reads.
-ONLINE_PREFIX = "q."
+# The trainer's checkpoints hold the network the workers act with under one of these prefixes
+# (DQN: the online Q-network, beside `target.`; PPO: the policy, beside `critic.`); the rest of
+# each name is what NumpyMLP reads.
+ACTING_PREFIXES = ("q.", "actor.")
 
 
 def find_checkpoint(path: Path) -> Path:
@@ -53,12 +54,11 @@ def run_config(checkpoint: Path) -> dict[str, Any]:
 def load_policy(checkpoint: Path) -> NumpyMLP:
     # A file that is not safetensors raises CodecError, a ValueError.
     tensors = decode_weights(checkpoint.read_bytes())
-    online = {
-        k.removeprefix(ONLINE_PREFIX): v for k, v in tensors.items() if k.startswith(ONLINE_PREFIX)
-    }
-    if not online:
-        raise ValueError(f"{checkpoint} holds no Q-network ({ONLINE_PREFIX}layers.*)")
-    return NumpyMLP(online)
+    for prefix in ACTING_PREFIXES:
+        acting = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+        if acting:
+            return NumpyMLP(acting)
+    raise ValueError(f"{checkpoint} holds no Q-network (q.layers.*) or policy (actor.layers.*)")
 
 
 def _make_env(env_id: str, env_kwargs: dict[str, Any], video: Path | None) -> gym.Env:

@@ -1,6 +1,7 @@
-"""The ingest thread: chunks from the stream into replay, and a note of each for the main thread.
+"""The ingest thread: chunks from the stream into the learner, and a note of each for the main thread.
 
-Inserting from its own thread keeps the stream read and the replay copy off the gradient step's
+The learner's `insert` stores a chunk (DQN: into replay; PPO: onto its queue of chunks).
+Inserting from its own thread keeps the stream read and the copy off the gradient step's
 path; the main thread learns of each accepted chunk (for dispatch and accounting) by an Arrival.
 Every `claim_every_s` the thread also takes over chunks that a reader took but never acked.
 A failed read is retried with backoff (`retries` times in a row, doubling from `backoff_s` up to
@@ -22,8 +23,6 @@ from typing import Any
 import numpy as np
 import redis
 
-from clusterenv.learner.rate_limiter import RateLimiter
-from clusterenv.learner.replay import ReplayBuffer
 from clusterenv.pipeline.roles import TransitionReader
 
 log = logging.getLogger(__name__)
@@ -40,20 +39,20 @@ class Arrival:
 
 
 class Ingest:
-    """Polls `reader` from a daemon thread; `lag_of(version)` gives (versions, updates) behind."""
+    """Polls `reader` from a daemon thread into `store` (the learner's `insert`: a chunk's header
+    and arrays in, its rows stored out); `lag_of(version)` gives (versions, updates) behind."""
 
     def __init__(
         self,
         reader: TransitionReader,
-        replay: ReplayBuffer,
-        limiter: RateLimiter,
+        store: Callable[[dict[str, Any], dict[str, np.ndarray]], int],
         lag_of: Callable[[int], tuple[int, int]],
         claim_every_s: float = 10.0,
         retries: int = 6,
         backoff_s: float = 0.25,
         backoff_cap_s: float = 4.0,
     ):
-        self.reader, self.replay, self.limiter, self.lag_of = reader, replay, limiter, lag_of
+        self.reader, self.store, self.lag_of = reader, store, lag_of
         self.claim_every_s = claim_every_s
         self.retries, self.backoff_s, self.backoff_cap_s = retries, backoff_s, backoff_cap_s
         self.retried = 0  # failed reads that were retried, over the whole run
@@ -64,10 +63,7 @@ class Ingest:
         self._thread = threading.Thread(target=self._run, name="ingest", daemon=True)
 
     def _sink(self, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-        a = arrays
-        self.replay.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
-        rows = len(a["action"])
-        self.limiter.on_insert(rows)
+        rows = self.store(header, arrays)
         lag_versions, lag_updates = self.lag_of(header["policy_version"])
         self._arrivals.put(Arrival(header, rows, lag_versions, lag_updates))
 

@@ -130,8 +130,7 @@ def restore(
     """Put a checkpoint back into a fresh trainer. Versions continue above both the checkpoint's
     and `newest_version` (the newest any learner of the run published): none is ever reused."""
     learner = t.learner
-    learner.q.load_state_dict(_prefixed(tensors, "q."))
-    learner.target.load_state_dict(_prefixed(tensors, "target."))
+    learner.restore(tensors)
     load_optimizer(learner.optimizer, tensors, state["optimizer"])
     torch.set_rng_state(tensors["rng.torch"])
     learner.rng.bit_generator.state = state["rng"]["learner"]

@@ -1,9 +1,9 @@
-"""The learner process, top to bottom: dispatch chunks, train Double DQN, publish, evaluate.
+"""The learner process, top to bottom: dispatch chunks, train (DQN or PPO), publish, evaluate.
 
-The ingest thread (learner/ingest.py) reads the transition stream into replay. The main thread
-turns: take note of arrived chunks and keep the workers busy (dispatch), run up to
-`updates_per_turn` gradient steps the rate limiter allows (publishing a version every
-`publish_every`), and every `eval_every` env steps ask the workers for a greedy evaluation of the
+The ingest thread (learner/ingest.py) reads the transition stream into the learner (DQN's replay,
+PPO's chunk queue; learner/algorithm.py). The main thread turns: take note of arrived chunks and
+keep the workers busy (dispatch), run up to `updates_per_turn` learner updates the data allows
+(publishing a version every `publish_every`; every update for PPO), and every `eval_every` env steps ask the workers for a greedy evaluation of the
 current weights (learner/evaluation.py), recording each result when it comes back, until a
 result reaches the target return or the budget is spent. Every `checkpoint_every_s` seconds (or
 `checkpoint_every_updates`) it writes a checkpoint that `--resume` continues from (learner/state.py).
@@ -24,17 +24,15 @@ import torch
 from kombu.exceptions import OperationalError
 
 from clusterenv.learner.accounting import RunAccounting, id_ranges
+from clusterenv.learner.algorithm import build_algorithm
 from clusterenv.learner.checkpoint import Checkpoints, save_checkpoint
 from clusterenv.learner.config import TrainConfig
-from clusterenv.learner.dqn import DQNLearner
 from clusterenv.learner.envs import env_spaces
 from clusterenv.learner.evaluation import EvalResult, RemoteEvaluation
 from clusterenv.learner.ingest import Ingest
 from clusterenv.learner.metrics import MetricsWriter
 from clusterenv.learner.progress import Progress
 from clusterenv.learner.publisher import Publisher
-from clusterenv.learner.rate_limiter import RateLimiter
-from clusterenv.learner.replay import ReplayBuffer
 from clusterenv.learner.resume import Resumed, record_run_id, record_version
 from clusterenv.learner.state import checkpoint, mark_stopped, resume_run
 from clusterenv.learner.status import RunStatus
@@ -78,19 +76,14 @@ class Trainer:
         torch.set_num_threads(cfg.torch_threads)
         self.keys = RunKeys(run_id)
         self.client = connect(redis_url)
-        # --- replay, rate limiter and the learner that samples from them ---
-        self.replay = ReplayBuffer(cfg.replay.buffer_size, obs_space.shape, obs_space.dtype)
+        # --- the algorithm: its learner (behind one interface) and what the workers must do ---
+        self.algo = build_algorithm(
+            cfg, obs_space, num_actions,
+            lambda version: self.publisher.lag(version, self.learner.updates)[0],
+        )  # fmt: skip
+        self.learner = self.algo.learner
+        self.replay, self.limiter = self.learner.replay, self.learner.limiter
         chunk = cfg.collection.chunk_env_steps
-        spi = cfg.replay.samples_per_insert
-        self.limiter = RateLimiter(
-            spi,
-            min_size=cfg.replay.learning_starts,
-            # Collection may run ahead of training by a few chunks, so neither side idles on the other.
-            error_buffer=spi * chunk * cfg.replay.error_buffer_chunks,
-        )
-        self.learner = DQNLearner(
-            int(np.prod(obs_space.shape)), num_actions, cfg.dqn, self.replay, self.limiter, cfg.seed
-        )
         # --- weights out, transitions in ---
         w = cfg.weights
         source = RedisWeightSource(
@@ -100,11 +93,11 @@ class Trainer:
         self.publisher = Publisher(source, self.replay, w, rng, partial(record_version, run_dir))
         reader = StreamReader(
             connect(redis_url, blocking=True), self.keys,
-            transition_specs(obs_space.dtype, obs_space.shape), num_actions,
+            transition_specs(obs_space.dtype, obs_space.shape, self.algo.extra_specs), num_actions,
         )  # fmt: skip
         self.reader_stats, self.accepted_chunks = reader.stats, reader.seen
         self.ingest = Ingest(
-            reader, self.replay, self.limiter,
+            reader, self.learner.insert,
             lambda version: self.publisher.lag(version, self.learner.updates),
         )  # fmt: skip
         # --- dispatch and evaluation: tasks sent through Celery ---
@@ -116,8 +109,8 @@ class Trainer:
         template = {
             "run_id": run_id, "env_id": cfg.env, "env_kwargs": cfg.env_kwargs,
             "num_envs": cfg.collection.envs_per_worker, "steps": cfg.collection.chunk_steps,
-            "seed": cfg.seed, "sync": w.sync, "max_lag_versions": w.max_lag_versions,
-            "max_lag_seconds": w.max_lag_seconds,
+            "seed": cfg.seed, "sync": w.sync, "max_lag_versions": self.algo.max_lag_versions,
+            "max_lag_seconds": w.max_lag_seconds, "policy": self.algo.policy,
         }  # fmt: skip
         self.dispatcher = Dispatcher(
             send, WorkerRegistry(self.client).alive_processes, template, chunk, cfg.dispatch,
@@ -147,7 +140,7 @@ class Trainer:
             self.accounting.record(arrival)
         pending = self.dispatcher.pending_env_steps
         self.dispatcher.top_up(
-            self.cfg.collection.epsilon(self.accounting.env_steps + pending), self._may_send
+            self.algo.epsilon(self.accounting.env_steps + pending), self._may_send
         )
 
     def _may_send(self, pending: int) -> bool:
@@ -156,11 +149,12 @@ class Trainer:
         return self.limiter.can_insert(self.dispatcher.task_env_steps, pending)
 
     def train(self) -> int:
-        """Up to `updates_per_turn` gradient steps, as far as the rate limiter allows."""
+        """Up to `updates_per_turn` learner updates, as far as the data (rate limiter, PPO's queue)
+        allows."""
         done = 0
         while done < self.cfg.replay.updates_per_turn and self.learner.step():
             done += 1
-            if self.learner.updates % self.cfg.weights.publish_every == 0:
+            if self.learner.updates % self.algo.publish_every == 0:
                 self.publish()
         return done
 
@@ -311,10 +305,9 @@ class Trainer:
             # Collection goes on while the workers evaluate: chunks accepted meanwhile.
             "eval/chunks_meanwhile": self.reader_stats.chunks - self._chunks_at_eval_request,
             "charts/episodic_return": acc.recent_return(),
-            "losses/td_loss": self.learner.last_loss,
+            **self.learner.metrics(),
             "learner/updates": self.learner.updates,
             "learner/policy_version": self.publisher.version,
-            "learner/replay_size": self.replay.size,
             "pipeline/chunks": self.reader_stats.chunks,
             "pipeline/duplicates": self.reader_stats.duplicates,
             "pipeline/rejected": self.reader_stats.rejected,
@@ -353,6 +346,8 @@ class Trainer:
             "accepted_chunk_ids": id_ranges(self.accepted_chunks),
             "broker_recoveries": acc.broker_recoveries,
             "sync_rule": self.cfg.weights.sync,
+            "algo": self.cfg.algo,
+            "learner": self.learner.metrics(),
             **acc.summary(),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -1,8 +1,10 @@
-"""The acting side of a Q-network: a numpy MLP built from published weights, used by workers and eval.
+"""The acting side of a published network: a numpy MLP, and the two ways workers act with it.
 
 Workers act with numpy rather than torch: for CartPole-sized nets it is faster per step and keeps
 torch out of the worker's hot loop. Weight names follow `layers.{i}.weight` / `layers.{i}.bias`,
-as `clusterenv.learner.dqn.QNetwork.get_weights` writes them.
+as `clusterenv.learner.dqn.QNetwork.get_weights` writes them (for PPO, of its policy network).
+The outputs are Q-values (DQN: act ε-greedily) or logits (PPO: sample the categorical policy);
+evaluation is greedy (argmax) either way.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from clusterenv.pipeline.codec import decode_weights
+
+# How a worker turns the network's outputs into actions; named in every ChunkRequest.
+POLICY_KINDS: tuple[str, ...] = ("epsilon_greedy", "categorical")
 
 
 class NumpyMLP:
@@ -79,3 +84,22 @@ def epsilon_greedy(q_values: np.ndarray, epsilon: float, rng: np.random.Generato
         if explore.any():
             actions[explore] = rng.integers(q_values.shape[1], size=int(explore.sum()))
     return actions
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Log-probabilities of the categorical policy of each row of logits (float64, stable)."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
+def sample_categorical(
+    logits: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """One action per row drawn from softmax(logits), and its log-probability (the behaviour
+    log-prob PPO's ratio is taken against)."""
+    logp = log_softmax(logits)
+    cdf = np.exp(logp).cumsum(axis=1)
+    u = rng.random((len(cdf), 1)) * cdf[:, -1:]  # scaled by the row sum: rounding never overshoots
+    actions = (cdf <= u).sum(axis=1).clip(max=logp.shape[1] - 1)
+    return actions.astype(np.int64), logp[np.arange(len(actions)), actions].astype(np.float32)

@@ -2,7 +2,9 @@
 
 Gymnasium 1.x vector envs autoreset in NEXT_STEP mode: the step after an episode ends returns the
 reset observation and ignores the action. That step is not a transition and is dropped here;
-the done step itself carries the true final observation as `next_obs`.
+the done step itself carries the true final observation as `next_obs`. So one env's rows of a
+chunk (`env_index`, in time order) are consecutive steps, and an episode boundary falls exactly
+after a row with `terminated` or `truncated`: a trajectory reader (PPO's GAE) needs nothing else.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+# An action function: actions for a batch of observations, and per-step arrays to keep with them
+# (the behaviour log-probs of a sampled policy; nothing for ε-greedy).
+Act = Callable[[np.ndarray], tuple[np.ndarray, dict[str, np.ndarray]]]
 
 # Evaluation episodes are seeded from here up (eval_seeds), collection envs below it, so the two
 # never share a seed for run seeds below 1000.
@@ -59,7 +65,7 @@ class Actor:
         self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self._ep_length = np.zeros(self.num_envs, dtype=np.int64)
 
-    def collect(self, act: Callable[[np.ndarray], np.ndarray], steps: int) -> Chunk:
+    def collect(self, act: Act, steps: int) -> Chunk:
         n = self.num_envs
         obs_buf = np.empty((steps, *self.obs.shape), dtype=self.obs.dtype)
         next_buf = np.empty_like(obs_buf)
@@ -68,10 +74,15 @@ class Actor:
         term_buf = np.empty((steps, n), dtype=bool)
         trunc_buf = np.empty((steps, n), dtype=bool)
         valid = np.empty((steps, n), dtype=bool)
+        extra_bufs: dict[str, np.ndarray] = {}
         episodes: list[tuple[float, int]] = []
         obs = self.obs
         for t in range(steps):
-            actions = act(obs)
+            actions, extra = act(obs)
+            for name, values in extra.items():
+                if name not in extra_bufs:
+                    extra_bufs[name] = np.empty((steps, n), dtype=values.dtype)
+                extra_bufs[name][t] = values
             next_obs, reward, terminated, truncated, _ = self.envs.step(actions)
             real = ~self._autoreset  # False on the reset step that follows a done
             obs_buf[t], next_buf[t], act_buf[t] = obs, next_obs, actions
@@ -96,6 +107,7 @@ class Actor:
             "terminated": term_buf.reshape(-1)[flat],
             "truncated": trunc_buf.reshape(-1)[flat],
             "env_index": env_index.reshape(-1)[flat],
+            **{name: buf.reshape(-1)[flat] for name, buf in extra_bufs.items()},
         }
         return Chunk(arrays=arrays, episodes=episodes, env_steps=steps * n)
 

@@ -35,8 +35,11 @@ class StreamWriter:
         return sum(len(v) for v in fields.values())
 
 
-def transition_specs(obs_dtype: np.dtype, obs_shape: tuple[int, ...]) -> dict[str, ArraySpec]:
-    """The arrays a DQN chunk must carry, with their dtypes and per-row shapes."""
+def transition_specs(
+    obs_dtype: np.dtype, obs_shape: tuple[int, ...], extra: Mapping[str, ArraySpec] | None = None
+) -> dict[str, ArraySpec]:
+    """The arrays every chunk must carry, with their dtypes and per-row shapes, and the ones the
+    learner's algorithm adds (`extra`: PPO's behaviour log-probs)."""
     obs = ArraySpec(np.dtype(obs_dtype).newbyteorder("<").str, tuple(obs_shape))
     return {
         "obs": obs,
@@ -46,6 +49,7 @@ def transition_specs(obs_dtype: np.dtype, obs_shape: tuple[int, ...]) -> dict[st
         "terminated": ArraySpec("|b1", ()),
         "truncated": ArraySpec("|b1", ()),
         "env_index": ArraySpec("<i4", ()),
+        **(extra or {}),
     }
 
 
@@ -74,8 +78,7 @@ def check_content(
     action = arrays["action"]
     if action.size and (action.min() < 0 or action.max() >= num_actions):
         raise CodecError(f"action outside [0, {num_actions})")
-    for name in ("obs", "next_obs", "reward"):
-        a = arrays[name]
+    for name, a in arrays.items():
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise CodecError(f"array {name!r} has non-finite values")
 

@@ -63,8 +63,11 @@ class SyncCounters:
 class RedisWeightClient:
     """Holds one policy version and decides, per chunk, whether to fetch a newer one."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, rule: SyncRule):
+    def __init__(
+        self, client: redis.Redis, keys: RunKeys, rule: SyncRule, kind: str = "epsilon_greedy"
+    ):
         self.client, self.keys, self.rule = client, keys, rule
+        self.kind = kind  # how the worker acts (pipeline/policy.py): which divergences apply
         self.version: int | None = None
         self.policy: NumpyMLP | None = None
         self.steps_since_fetch = 0
@@ -124,7 +127,7 @@ class RedisWeightClient:
             return self._reject(
                 "probe", f"probe {version}: {len(arrays['q'])} rows for {len(states)} states"
             )
-        d = DIVERGENCES[measure](arrays["q"], self.policy(states), epsilon)
+        d = DIVERGENCES[self.kind][measure](arrays["q"], self.policy(states), epsilon)
         self.last_divergence = d
         return d
 

@@ -1,7 +1,14 @@
 """How far a worker's policy is from the learner's, measured on the same reference states.
 
 Every measure is a mean over reference states, so a tolerance means the same whatever the number
-of envs a worker steps. Policies are the ε-greedy behaviour policies of the Q-values:
+of envs a worker steps. Which measures exist depends on how workers act (the run's policy kind).
+
+Categorical policies (PPO: outputs are logits, π = softmax):
+- `kl` (default): E_s[KL(π_L ‖ π_W)], the quantity PPO's trust region bounds; a ratio-clipped
+           update moves the policy by KL ≈ clip²/2 ≈ 0.02 at clip 0.2 (docs/architecture.md).
+- `tv`:    E_s[½ Σ_a |π_L − π_W|].
+
+ε-greedy policies (DQN: outputs are Q-values):
     π(a|s) = ε/|A| + (1−ε)·[a = argmax_a' Q(s,a')]
 - `tv`:    ½ Σ_a |π_L − π_W|. For ε-greedy pairs this is (1−ε) × the rate of greedy-action flips.
 - `kl`:    Σ_a π_L log(π_L / π_W), with ε floored at KL_EPS_FLOOR so it stays finite. With two
@@ -18,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
+from clusterenv.pipeline.policy import log_softmax
 
 KL_EPS_FLOOR = 0.01
 
@@ -49,8 +58,35 @@ def value(q_learner: np.ndarray, q_worker: np.ndarray, epsilon: float) -> float:
     return float(lost / max(scale, 1e-8))
 
 
-DIVERGENCES: dict[str, Callable[[np.ndarray, np.ndarray, float], float]] = {
-    "value": value,
-    "tv": tv,
-    "kl": kl,
+def categorical_kl(logits_learner: np.ndarray, logits_worker: np.ndarray, epsilon: float) -> float:
+    """Mean KL(softmax(learner) ‖ softmax(worker)); `epsilon` plays no part in these policies."""
+    logp, logq = log_softmax(logits_learner), log_softmax(logits_worker)
+    return float((np.exp(logp) * (logp - logq)).sum(axis=1).mean())
+
+
+def categorical_tv(logits_learner: np.ndarray, logits_worker: np.ndarray, epsilon: float) -> float:
+    p, q = np.exp(log_softmax(logits_learner)), np.exp(log_softmax(logits_worker))
+    return float(0.5 * np.abs(p - q).sum(axis=1).mean())
+
+
+Divergence = Callable[[np.ndarray, np.ndarray, float], float]
+# Per policy kind (pipeline/policy.py): its measures, the first one the default of `aps:TOL`.
+DIVERGENCES: dict[str, dict[str, Divergence]] = {
+    "epsilon_greedy": {"value": value, "tv": tv, "kl": kl},
+    "categorical": {"kl": categorical_kl, "tv": categorical_tv},
 }
+MEASURES: frozenset[str] = frozenset(m for table in DIVERGENCES.values() for m in table)
+
+
+def measure_name(policy: str, measure: str | None) -> str:
+    """`measure` (None: the default of the policy kind) if it applies to that kind of policy;
+    else a ValueError naming the measures that do."""
+    table = DIVERGENCES.get(policy)
+    if table is None:
+        raise ValueError(f"unknown policy kind {policy!r}; choose {', '.join(DIVERGENCES)}")
+    name = measure or next(iter(table))
+    if name not in table:
+        raise ValueError(
+            f"divergence {name!r} does not apply to {policy} policies; choose {', '.join(table)}"
+        )
+    return name

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clusterenv.pipeline.roles import SyncRule, SyncState
-from clusterenv.pipeline.sync.divergence import DIVERGENCES
+from clusterenv.pipeline.sync.divergence import MEASURES, measure_name
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,14 @@ SYNC_HELP = "always | on-change | interval:N (env steps) | aps:TOL[:value|tv|kl]
 DEFAULT_SYNC = "aps:0.01"
 
 
-def parse_sync(spec: str, max_lag_versions: int = 0, max_lag_seconds: float = 0.0) -> SyncRule:
-    """A rule from its spec string; a ValueError naming the problem for anything else.
+def parse_sync(
+    spec: str,
+    max_lag_versions: int = 0,
+    max_lag_seconds: float = 0.0,
+    policy: str = "epsilon_greedy",
+) -> SyncRule:
+    """A rule from its spec string, for workers acting with `policy` (pipeline/policy.py: an
+    `aps:TOL` without a measure takes that kind's default); a ValueError naming the problem.
 
     The lag guards belong to APS; given with another rule they are refused, not ignored.
     """
@@ -97,17 +103,21 @@ def parse_sync(spec: str, max_lag_versions: int = 0, max_lag_seconds: float = 0.
             )
         return Interval(steps=steps)
     if name == "aps":
-        tol_text, _, measure = rest.partition(":")
-        measure = measure or "value"
+        tol_text, _, measure_text = rest.partition(":")
+        measure = measure_text or None
         try:
             tolerance = float(tol_text)
         except ValueError:
             tolerance = -1.0
         if not tolerance >= 0.0:
             raise ValueError(f"sync {spec!r}: aps needs a tolerance >= 0, e.g. aps:0.01")
-        if measure not in DIVERGENCES:
+        if measure is not None and measure not in MEASURES:
             raise ValueError(
-                f"sync {spec!r}: unknown divergence {measure!r}; choose {', '.join(DIVERGENCES)}"
+                f"sync {spec!r}: unknown divergence {measure!r}; choose {', '.join(sorted(MEASURES))}"
             )
+        try:
+            measure = measure_name(policy, measure)
+        except ValueError as exc:
+            raise ValueError(f"sync {spec!r}: {exc}") from None
         return Aps(tolerance, measure, max_lag_versions, max_lag_seconds)
     raise ValueError(f"unknown sync policy {spec!r}; choose {SYNC_HELP}")

@@ -8,7 +8,6 @@ import numpy as np
 import redis
 
 from clusterenv.learner.ingest import Ingest
-from clusterenv.learner.rate_limiter import RateLimiter
 from clusterenv.learner.replay import ReplayBuffer
 from tests.fakes import FlakyReader
 
@@ -22,8 +21,12 @@ def one_chunk(rows: int = 8) -> tuple[dict, dict[str, np.ndarray]]:
 
 def ingest_from(reader: FlakyReader, **retry) -> tuple[Ingest, ReplayBuffer]:
     replay = ReplayBuffer(64, (4,), np.dtype(np.float32))
-    limiter = RateLimiter(1.0, 8, 8.0)
-    return Ingest(reader, replay, limiter, lambda v: (0, 0), **retry), replay
+
+    def store(header: dict, a: dict[str, np.ndarray]) -> int:  # what a learner's insert does
+        replay.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
+        return len(a["action"])
+
+    return Ingest(reader, store, lambda v: (0, 0), **retry), replay
 
 
 def wait_until(condition, timeout_s: float = 20.0) -> None:

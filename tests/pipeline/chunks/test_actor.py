@@ -40,8 +40,8 @@ def by_env(arrays: dict[str, np.ndarray], name: str, env: int) -> list:
     return arrays[name][arrays["env_index"] == env].tolist()
 
 
-def act_by_parity(obs: np.ndarray) -> np.ndarray:
-    return (obs[:, 0].astype(np.int64)) % 2
+def act_by_parity(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    return (obs[:, 0].astype(np.int64)) % 2, {}
 
 
 def test_reset_steps_are_dropped_and_columns_line_up():
@@ -60,7 +60,7 @@ def test_reset_steps_are_dropped_and_columns_line_up():
     # Every kept transition is a real step: next_obs follows obs (never a reset observation).
     assert np.array_equal(a["next_obs"], a["obs"] + 1)
     assert np.array_equal(a["reward"], a["next_obs"][:, 0])
-    assert np.array_equal(a["action"], act_by_parity(a["obs"]))
+    assert np.array_equal(a["action"], act_by_parity(a["obs"])[0])
     assert not a["truncated"].any()
 
 
@@ -92,9 +92,9 @@ def test_episode_return_counts_every_step_once():
 def test_actions_are_the_act_functions_for_the_observation_it_was_given():
     seen: list[np.ndarray] = []
 
-    def act(obs: np.ndarray) -> np.ndarray:
+    def act(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         seen.append(obs.copy())
-        return np.array([1, 0], np.int64)
+        return np.array([1, 0], np.int64), {}
 
     actor = Actor(countdowns(10, 10), seeds=[0, 1])
     chunk = actor.collect(act, steps=4)
@@ -104,8 +104,8 @@ def test_actions_are_the_act_functions_for_the_observation_it_was_given():
     assert chunk.arrays["env_index"].tolist() == [0, 1] * 4  # time-major, then env
 
 
-def lean(obs: np.ndarray) -> np.ndarray:
-    return (obs[:, 2] > 0).astype(np.int64)
+def lean(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    return (obs[:, 2] > 0).astype(np.int64), {}
 
 
 def test_cartpole_through_make_vector_env_is_seeded_and_truncates():

@@ -12,6 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clusterenv.learner.config import DQNConfig
+from clusterenv.learner.dqn import DQNLearner
 from clusterenv.learner.ingest import Ingest
 from clusterenv.learner.rate_limiter import RateLimiter
 from clusterenv.learner.replay import ReplayBuffer
@@ -42,7 +44,9 @@ def ingest_all(redis_url: str, run_id: str, batch: list[tuple[dict[bytes, bytes]
         NUM_ACTIONS,
     )  # fmt: skip
     replay = ReplayBuffer(1000, OBS_SHAPE, np.float32)
-    ingest = Ingest(reader, replay, RateLimiter(1.0, 1, 1e9), lambda v: (0, 0))
+    dqn = DQNLearner(int(np.prod(OBS_SHAPE)), NUM_ACTIONS, DQNConfig(hidden="8"), replay,
+                     RateLimiter(1.0, 1, 1e9), seed=0)  # fmt: skip
+    ingest = Ingest(reader, dqn.insert, lambda v: (0, 0))  # the learner's own insert
     try:
         for fields, _ in batch:
             client.xadd(keys.stream, fields)

@@ -8,7 +8,7 @@ import pytest
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.chunks.runtime import RunCache, RunState, collect_chunk, merge_summaries
-from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.policy import NumpyMLP, log_softmax, sample_categorical
 from tests.fakes import FakeActor, FakeWeightClient, FakeWriter, net
 
 
@@ -162,3 +162,26 @@ def test_merge_summaries_sums_a_tasks_chunks_and_keeps_the_last_counters():
         "episodes_finished": 1, "policy_version": 1, "bytes": 200, "version_checks": 2,
     }  # fmt: skip
     assert merge_summaries(req, [])["chunks_done"] == 0
+
+
+def test_collect_chunk_samples_the_categorical_policy_and_records_its_log_probs():
+    weights, writer = FakeWeightClient(net(0)), FakeWriter()
+    state = cartpole_state(weights, writer, num_envs=4)
+    req = ChunkRequest("run-x", 0, "CartPole-v1", 4, 50, seed=1, epsilon=0.0, policy="categorical")
+    collect_chunk(state, req, 0, "w")
+    state.close()
+    _, arrays = writer.written[0]
+    logp = log_softmax(NumpyMLP(net(0))(arrays["obs"]))
+    rows = np.arange(len(arrays["action"]))
+    np.testing.assert_allclose(arrays["logp"], logp[rows, arrays["action"]], rtol=1e-5)
+    assert arrays["logp"].dtype == np.float32 and len(arrays["logp"]) == len(arrays["obs"])
+    # Sampled, not greedy: some actions are not the argmax even with epsilon 0.
+    assert (arrays["action"] != logp.argmax(axis=1)).any()
+
+
+def test_sample_categorical_follows_the_softmax():
+    logits = np.tile(np.array([[0.0, np.log(3.0), -50.0]], np.float32), (20_000, 1))
+    actions, logp = sample_categorical(logits, np.random.default_rng(0))
+    freq = np.bincount(actions, minlength=3) / len(actions)
+    np.testing.assert_allclose(freq, [0.25, 0.75, 0.0], atol=0.015)
+    np.testing.assert_allclose(logp[actions == 1], np.log(0.75), rtol=1e-5)

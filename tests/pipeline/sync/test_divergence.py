@@ -1,29 +1,41 @@
-"""Divergence measures: pure logic on Q-value arrays, no server."""
+"""Divergence measures: pure logic on Q-value and logit arrays, no server."""
 
 import numpy as np
 import pytest
 
-from clusterenv.pipeline.sync.divergence import DIVERGENCES, behaviour_probs, kl, tv, value
+from clusterenv.pipeline.policy import log_softmax
+from clusterenv.pipeline.sync.divergence import (
+    DIVERGENCES,
+    behaviour_probs,
+    categorical_kl,
+    kl,
+    measure_name,
+    tv,
+    value,
+)
 
 RNG = np.random.default_rng(0)
 Q = RNG.normal(size=(256, 3)).astype(np.float32) + 5.0
 
 
-@pytest.mark.parametrize("name", list(DIVERGENCES))
+MEASURES = [(kind, name) for kind, table in DIVERGENCES.items() for name in table]
+
+
+@pytest.mark.parametrize(("kind", "name"), MEASURES)
 @pytest.mark.parametrize("eps", [0.0, 0.04, 0.5])
-def test_zero_for_identical_and_positive_after_a_change(name, eps):
-    measure = DIVERGENCES[name]
+def test_zero_for_identical_and_positive_after_a_change(kind, name, eps):
+    measure = DIVERGENCES[kind][name]
     assert measure(Q, Q.copy(), eps) == 0.0
     changed = Q.copy()
     changed[:64] = changed[:64, ::-1]  # a quarter of the states change their greedy action
     assert measure(Q, changed, eps) > 0.0
 
 
-@pytest.mark.parametrize("name", list(DIVERGENCES))
-def test_mean_reduced_per_state(name):
+@pytest.mark.parametrize(("kind", "name"), MEASURES)
+def test_mean_reduced_per_state(kind, name):
     other = Q + RNG.normal(scale=1.0, size=Q.shape).astype(np.float32)
-    one = DIVERGENCES[name](Q, other, 0.1)
-    tiled = DIVERGENCES[name](np.tile(Q, (8, 1)), np.tile(other, (8, 1)), 0.1)
+    one = DIVERGENCES[kind][name](Q, other, 0.1)
+    tiled = DIVERGENCES[kind][name](np.tile(Q, (8, 1)), np.tile(other, (8, 1)), 0.1)
     assert tiled == pytest.approx(one, rel=1e-12)
 
 
@@ -49,3 +61,22 @@ def test_kl_is_finite_for_greedy_policies():
 def test_behaviour_probs_sum_to_one():
     p = behaviour_probs(Q, 0.3)
     assert np.allclose(p.sum(1), 1.0) and p.min() == pytest.approx(0.1)
+
+
+def test_categorical_kl_is_the_softmax_kl_by_hand():
+    learner, worker = np.array([[0.0, 1.0, 2.0]]), np.array([[1.0, 0.0, 0.0]])
+    p = np.exp(learner[0]) / np.exp(learner[0]).sum()
+    q = np.exp(worker[0]) / np.exp(worker[0]).sum()
+    assert categorical_kl(learner, worker, 0.0) == pytest.approx(float((p * np.log(p / q)).sum()))
+    # Logits are only defined up to a constant per state: shifting them changes nothing.
+    assert categorical_kl(learner + 7.0, worker - 3.0, 0.0) == pytest.approx(
+        categorical_kl(learner, worker, 0.0)
+    )
+    assert np.allclose(np.exp(log_softmax(learner)).sum(1), 1.0)
+
+
+def test_measure_defaults_follow_the_policy_kind():
+    assert measure_name("epsilon_greedy", None) == "value"
+    assert measure_name("categorical", None) == "kl"
+    with pytest.raises(ValueError, match="does not apply to categorical"):
+        measure_name("categorical", "value")

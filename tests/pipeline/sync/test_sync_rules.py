@@ -173,3 +173,25 @@ def test_the_sync_check_sees_a_stopped_run_in_the_same_round_trip(client, run_id
     learner.publish(net(1))
     assert wc.sync(0.1) is None and wc.run_stopped
     assert wc.version == 0 and wc.counters.weight_fetches == 1  # nothing fetched once stopped
+
+
+def test_categorical_aps_measures_the_policies_kl_on_the_probe(client, run_id):
+    """PPO's workers: `aps:TOL` is the mean KL(π_learner ‖ π_worker) of the softmax policies of
+    the probe's logits and the held network's, on the same reference states."""
+    from clusterenv.pipeline.sync.divergence import categorical_kl
+
+    learner = Learner(client, run_id)
+    learner.publish(net(0))
+    rule = parse_sync("aps:0.01", policy="categorical")
+    assert rule == Aps(0.01, "kl")
+    wc = RedisWeightClient(client, RunKeys(run_id), rule, kind="categorical")
+    wc.sync(0.0)
+    learner.publish(net(0))  # the same weights as a new version: nothing to fetch
+    assert wc.divergence_to(1, 0.0, "kl") == 0.0
+    wc.sync(0.0)
+    assert wc.version == 0 and wc.last_divergence == 0.0
+    learner.publish(net(3))
+    expected = categorical_kl(NumpyMLP(net(3))(REF), NumpyMLP(net(0))(REF), 0.0)
+    assert wc.divergence_to(2, 0.0, "kl") == pytest.approx(expected) and expected > 0.01
+    wc.sync(0.0)
+    assert wc.version == 2  # past the tolerance: fetched

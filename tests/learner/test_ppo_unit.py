@@ -1,0 +1,184 @@
+"""PPO on chunks, pure logic: the behaviour-policy ratio, GAE at episode ends, the max-lag drop."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from clusterenv.learner.config import PPOConfig
+from clusterenv.learner.ppo import PPOLearner, gae, ppo_loss
+from clusterenv.learner.rate_limiter import RateLimiter
+
+
+def test_ratio_is_taken_against_the_behaviour_log_probs():
+    cfg = PPOConfig(norm_adv=False, clip_coef=0.2, ent_coef=0.0, vf_coef=0.0)
+    logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0], [0.0, 0.0]])  # π_θ: ½, ¾, ½
+    action = torch.tensor([0, 0, 1])
+    # The worker acted with an older policy: π_b(a|s) = 0.4, 0.5, 0.8, not π_θ's 0.5, 0.75, 0.5.
+    behaviour = torch.tensor([0.4, 0.5, 0.8]).log()
+    adv = torch.tensor([1.0, 1.0, -2.0])
+    mb = {"action": action, "logp": behaviour, "advantages": adv,
+          "values": torch.zeros(3), "returns": torch.zeros(3)}  # fmt: skip
+    parts = ppo_loss(logits, torch.zeros(3), mb, cfg)
+    ratio = np.array([0.5 / 0.4, 0.75 / 0.5, 0.5 / 0.8])  # 1.25, 1.5, 0.625
+    clipped = ratio.clip(0.8, 1.2)
+    a = adv.numpy()
+    expected = np.maximum(-a * ratio, -a * clipped).mean()
+    assert parts.policy_loss == pytest.approx(expected, rel=1e-5)
+    # Against the learner's own policy every ratio would be 1 and the loss -mean(A) = 0: not it.
+    assert parts.policy_loss != pytest.approx(float(-adv.mean()), abs=1e-3)
+    assert parts.clipfrac == pytest.approx(1.0)  # all three ratios lie outside [0.8, 1.2]
+
+
+def test_gradient_flows_through_the_clipped_ratio_only_where_it_is_unclipped():
+    cfg = PPOConfig(norm_adv=False, ent_coef=0.0, vf_coef=0.0)
+    logits = torch.zeros(2, 2, requires_grad=True)
+    mb = {"action": torch.tensor([0, 0]), "logp": torch.tensor([0.5, 0.45]).log(),
+          "advantages": torch.tensor([1.0, 1.0]), "values": torch.zeros(2),
+          "returns": torch.zeros(2)}  # fmt: skip
+    ppo_loss(logits, torch.zeros(2), mb, cfg).loss.backward()
+    # Row 0: ratio 1 (inside the clip range) moves; row 1: ratio 1.11 also inside; both push up a0.
+    assert (logits.grad[:, 0] < 0).all()
+    mb["logp"] = torch.tensor([0.5, 0.3]).log()  # row 1: ratio 1.67 > 1.2 with A > 0: clipped
+    logits.grad = None
+    ppo_loss(logits, torch.zeros(2), mb, cfg).loss.backward()
+    assert logits.grad[0, 0] < 0 and logits.grad[1].abs().max() == 0
+
+
+def test_gae_bootstraps_on_truncation_and_not_on_termination():
+    # Two envs interleaved (time-major): env 0 terminates at its 2nd row, env 1 is truncated at
+    # its 1st; each env's last row ends the chunk mid-episode.
+    env = np.array([0, 1, 0, 1, 0, 1])
+    reward = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    value = np.array([0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    next_value = np.array([2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    term = np.array([False, False, True, False, False, False])
+    trunc = np.array([False, True, False, False, False, False])
+    g, lam = 0.9, 0.5
+    adv, ret = gae(reward, value, next_value, term, trunc, env, g, lam)
+    d = reward + g * next_value * (1 - term) - value  # per-row TD errors
+    assert d[2] == pytest.approx(0.5)  # terminated: r - V(s), no bootstrap
+    assert d[1] == pytest.approx(1.0 + 0.9 * 3.0 - 0.5)  # truncated: bootstraps on V(final obs)
+    want = np.empty(6)
+    want[4] = d[4]  # env 0's last row: the chunk's end
+    want[2] = d[2]  # terminated: nothing flows back from the next episode
+    want[0] = d[0] + g * lam * want[2]
+    want[5] = d[5]
+    want[3] = d[3] + g * lam * want[5]
+    want[1] = d[1]  # truncated: bootstrapped above, and the next episode's advantage stays out
+    np.testing.assert_allclose(adv, want)
+    np.testing.assert_allclose(ret, want + value)
+
+
+def chunk(rows: int, version: int, seed: int = 0) -> tuple[dict, dict]:
+    rng = np.random.default_rng(seed)
+    arrays = {
+        "obs": rng.normal(size=(rows, 4)).astype(np.float32),
+        "action": rng.integers(2, size=rows),
+        "reward": np.ones(rows, np.float32),
+        "next_obs": rng.normal(size=(rows, 4)).astype(np.float32),
+        "terminated": np.zeros(rows, bool),
+        "truncated": np.zeros(rows, bool),
+        "env_index": np.arange(rows, dtype=np.int32) % 2,
+        "logp": np.full(rows, math.log(0.5), np.float32),
+    }
+    return {"policy_version": version}, arrays
+
+
+def test_a_chunk_past_the_max_lag_is_dropped_and_counted():
+    newest = {"v": 10}
+    limiter = RateLimiter(1.0, 0, 10_000)
+    cfg = PPOConfig(batch_steps=64, max_policy_lag=3, num_minibatches=2, update_epochs=1)
+    learner = PPOLearner((4,), np.dtype(np.float32), 2, cfg, limiter,
+                         lambda version: newest["v"] - version, recent_rows=256, seed=0)  # fmt: skip
+    learner.insert(*chunk(32, version=7, seed=2))  # 3 behind: still used
+    learner.insert(*chunk(32, version=6, seed=1))  # 4 versions behind: past the max lag
+    learner.insert(*chunk(16, version=6, seed=4))  # and another of the same version
+    assert not learner.step()  # 80 rows queued, but two chunks are stale: too few left
+    assert (learner.dropped_chunks, learner.dropped_rows) == (2, 48)
+    assert learner.updates == 0
+    learner.insert(*chunk(32, version=9, seed=3))
+    assert learner.step()
+    assert learner.updates == 1 and learner.dropped_chunks == 2
+    assert learner.metrics()["pipeline/stale_chunks_dropped"] == 2
+    # The dropped rows are written off in the limiter: collection may replace them.
+    assert limiter.inserts == 112 and limiter.samples == 112
+
+
+def test_published_weights_are_the_policy_network_the_workers_read():
+    from clusterenv.pipeline.policy import NumpyMLP
+
+    learner = PPOLearner((4,), np.dtype(np.float32), 3, PPOConfig(), RateLimiter(1.0, 0, 1.0),
+                         lambda v: 0, recent_rows=16, seed=0)  # fmt: skip
+    weights = learner.get_weights()
+    assert set(weights) == {f"layers.{i}.{p}" for i in range(3) for p in ("weight", "bias")}
+    obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    with torch.no_grad():
+        torch_logits = learner.actor(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(NumpyMLP(weights)(obs), torch_logits, rtol=1e-5, atol=1e-6)
+
+
+def test_state_tensors_restore_into_a_fresh_learner():
+    def fresh(seed: int) -> PPOLearner:
+        return PPOLearner((4,), np.dtype(np.float32), 2, PPOConfig(), RateLimiter(1.0, 0, 1.0),
+                          lambda v: 0, recent_rows=16, seed=seed)  # fmt: skip
+
+    saved, other = fresh(0), fresh(1)
+    assert not np.allclose(
+        saved.get_weights()["layers.0.weight"], other.get_weights()["layers.0.weight"]
+    )
+    other.restore(saved.state_tensors())
+    for name, value in saved.state_tensors().items():
+        torch.testing.assert_close(other.state_tensors()[name], value)
+
+
+def test_aps_workers_get_a_version_guard_below_the_max_policy_lag():
+    import gymnasium as gym
+
+    from clusterenv.learner.algorithm import build_algorithm
+    from clusterenv.learner.config import TrainConfig
+
+    space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    cfg = TrainConfig(algo="ppo")
+    cfg.ppo.max_policy_lag = 10
+    algo = build_algorithm(cfg, space, 2, lambda v: 0)
+    assert (algo.policy, algo.max_lag_versions, algo.publish_every) == ("categorical", 5, 1)
+    assert set(algo.extra_specs) == {"logp"}
+    cfg.weights.max_lag_versions = 3  # the user's tighter guard stands
+    assert build_algorithm(cfg, space, 2, lambda v: 0).max_lag_versions == 3
+    cfg.weights.sync, cfg.weights.max_lag_versions = "on-change", 0  # no APS: no guard to send
+    assert build_algorithm(cfg, space, 2, lambda v: 0).max_lag_versions == 0
+    dqn = build_algorithm(TrainConfig(), space, 2, lambda v: 0)
+    assert (dqn.policy, dqn.max_lag_versions, dqn.extra_specs) == ("epsilon_greedy", 0, {})
+
+
+def test_a_ppo_checkpoint_round_trip_restores_the_networks_and_adam(tmp_path):
+    from clusterenv.learner.checkpoint import Checkpoints
+    from clusterenv.learner.state import capture, restore
+    from tests.learner.test_checkpoint import make_parts
+
+    def ppo_parts(seed: int):
+        p = make_parts(checkpoint_replay=False, seed=seed)
+        cfg = PPOConfig(batch_steps=32, num_minibatches=2, update_epochs=2)
+        p.limiter = RateLimiter(1.0, 0, 1e6)
+        p.learner = PPOLearner((4,), np.dtype(np.float32), 2, cfg, p.limiter, lambda v: 0,
+                               recent_rows=64, seed=seed)  # fmt: skip
+        return p
+
+    a = ppo_parts(0)
+    for c in range(3):
+        a.learner.insert(*chunk(32, version=0, seed=c))
+        assert a.learner.step()
+    Checkpoints(tmp_path, a.cfg.checkpoint).save(*capture(a, 1.0), a.learner.updates)
+    _, tensors, state = Checkpoints(tmp_path, a.cfg.checkpoint).newest()
+    b = ppo_parts(5)
+    restore(b, tensors, state, newest_version=-1)
+    assert b.learner.updates == 3 and b.learner.last_loss == pytest.approx(a.learner.last_loss)
+    for p in (a, b):  # the same data gives the same update: networks, Adam and generator are back
+        p.learner.insert(*chunk(32, version=0, seed=9))
+        assert p.learner.step()
+    for name, value in a.learner.state_tensors().items():
+        torch.testing.assert_close(b.learner.state_tensors()[name], value)
