@@ -34,7 +34,7 @@ def mark_stopped(client: redis.Redis, keys: RunKeys) -> None:
     keys expire; stream entries nobody will read go with them."""
     pipe = client.pipeline(transaction=False)
     pipe.set(keys.stop, 1, ex=RUN_KEYS_EXPIRE_S)
-    for key in (keys.stream, keys.actor_counter, keys.weights_latest):
+    for key in (keys.stream, keys.actor_counter, keys.weights_latest, keys.marker):
         pipe.expire(key, RUN_KEYS_EXPIRE_S)
     pipe.execute()
 

@@ -206,8 +206,10 @@ class Trainer:
         if now - self._checked_at < 1.0:
             return
         self._checked_at = now
-        if self.client.exists(self.keys.weights_latest):
+        # Not `weights:latest`: the learner's own next publish may re-create it before this check.
+        if self.client.exists(self.keys.marker):
             return
+        self.client.set(self.keys.marker, 1)
         lost = self.dispatcher.write_off_in_flight()
         self.evaluation.abandon()
         self.publisher.publish(self.learner.get_weights(), self.learner.updates, new_reference=True)
@@ -248,6 +250,7 @@ class Trainer:
         cfg = self.cfg
         (self.run_dir / "config.json").write_text(cfg.to_json())
         record_run_id(self.run_dir, self.run_id)
+        self.client.set(self.keys.marker, 1)
         self.publish()  # the first version: workers act with the untrained (or resumed) network
         self.t0 = time.perf_counter() - self.wall_before
         self.ingest.start()

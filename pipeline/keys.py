@@ -74,6 +74,12 @@ class RunKeys:
         return f"{self.base}:status"
 
     @property
+    def marker(self) -> str:
+        """Written by the learner when the run starts and only then (and after a recovery): a
+        broker that no longer has it lost the run's keys, whatever the learner re-wrote since."""
+        return f"{self.base}:marker"
+
+    @property
     def stop(self) -> str:
         """Set when the run ends, so workers drop its cached envs and late chunks stop."""
         return f"{self.base}:stopped"
