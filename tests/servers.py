@@ -8,7 +8,6 @@ import base64
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,11 +20,7 @@ from urllib.parse import quote, urlencode
 
 import redis
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from clusterenv.pipeline.cluster.embedded import free_port
 
 
 @dataclass(frozen=True)

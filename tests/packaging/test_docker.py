@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 from importlib import import_module, resources
@@ -22,6 +21,8 @@ import jsonschema
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
+
+from clusterenv.pipeline.cluster.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -213,12 +214,6 @@ def test_dockerfile_parses_and_copies_what_exists():
     learner_runs = " ".join(i["value"] for i in stages["learner"] if i["instruction"] == "RUN")
     pin = re.search(r'"torch==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
     assert f"torch=={pin}" in learner_runs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs Debian's redis-server")
