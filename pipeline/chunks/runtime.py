@@ -97,13 +97,15 @@ class WorkerRuntime:
         done: list[dict[str, Any]] = []
         for chunk_id in range(req.chunk_id, req.chunk_id + req.chunks):
             state = self.runs.get(req.run_id)
-            if state is None:
-                if self.client.exists(RunKeys(req.run_id).stop):
-                    return {**merge_summaries(req, done), "skipped": "run stopped"}
+            # A run first seen here is checked before its envs are built; a cached one's sync
+            # check reads the stop key in its own round trip (collect_chunk gives None).
+            if state is None and not self.client.exists(RunKeys(req.run_id).stop):
                 state = self._start_run(req)
                 self.runs.put(req.run_id, state)
-            summary = collect_chunk(state, req, chunk_id, self.worker_name)
-            if summary is None:  # the sync check found the run stopped
+            summary = (
+                None if state is None else collect_chunk(state, req, chunk_id, self.worker_name)
+            )
+            if summary is None:
                 self.runs.drop(req.run_id)
                 return {**merge_summaries(req, done), "skipped": "run stopped"}
             done.append(summary)
