@@ -331,6 +331,18 @@ class TrainConfig:
         """How workers act (pipeline/policy.py): ε-greedy on Q for DQN, sampled logits for PPO."""
         return "categorical" if self.algo == "ppo" else "epsilon_greedy"
 
+    def settings(self) -> dict[str, tuple[Any, str]]:
+        """Every setting by its flat name (its flag without dashes; names are unique across
+        components, since the CLI's flags carry no prefix) -> (the object holding it, its field)."""
+        out: dict[str, tuple[Any, str]] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if is_dataclass(value):
+                out.update({g.name: (value, g.name) for g in fields(value)})
+            else:
+                out[f.name] = (self, f.name)
+        return out
+
     def local_workers(self) -> int:
         if self.workers is not None:
             return self.workers

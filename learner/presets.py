@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -18,22 +17,9 @@ def load_presets(path: Path = PRESETS_FILE) -> dict[str, dict[str, Any]]:
         return tomllib.load(f)
 
 
-def _settings(cfg: TrainConfig) -> dict[str, tuple[Any, str]]:
-    """Every flat setting name of `cfg` (as its flag, without dashes) -> (the object holding it,
-    its field name). Names are unique across components: the CLI's flags carry no prefix."""
-    out: dict[str, tuple[Any, str]] = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            out.update({g.name: (value, g.name) for g in dataclasses.fields(value)})
-        else:
-            out[f.name] = (cfg, f.name)
-    return out
-
-
 def apply_preset(cfg: TrainConfig, values: dict[str, Any], env: str) -> None:
     """Set each preset value on `cfg` (in place), refusing unknown names and wrong types."""
-    settings = _settings(cfg)
+    settings = cfg.settings()
     for name, value in values.items():
         if name not in settings or name in ("env", "preset"):
             raise ValueError(f"preset for {env}: {name!r} is not a train setting")

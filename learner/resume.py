@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -57,11 +57,7 @@ def saved_config(run_dir: Path) -> TrainConfig:
 
 
 def _flat(cfg: TrainConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in asdict(cfg).items():
-        is_part = isinstance(value, dict) and name != "env_kwargs"
-        out.update(value if is_part else {name: value})
-    return out
+    return {name: getattr(holder, attr) for name, (holder, attr) in cfg.settings().items()}
 
 
 def check_overrides(saved: TrainConfig, given: TrainConfig) -> None:
