@@ -126,6 +126,12 @@ class ShardColumns:
         for err in msg.extra.get("errors", []):
             batch.errors.append({**err, "worker": f"{ref.worker} pid {ref.pid}", "shard": ref.id})
 
+    def _by_shard(self, todo: list[int]) -> dict[int, list[int]]:
+        """The envs of `todo` each live shard holds, for the shards that hold any."""
+        wanted = set(todo)
+        held = {sid: [i for i in ref.envs if i in wanted] for sid, ref in self.group.live.items()}
+        return {sid: mine for sid, mine in held.items() if mine}
+
     def reset(self, envs: list[int], seeds: list[int | None], options: Any) -> Batch:
         """Reset these columns; a shard lost meanwhile has its envs re-placed and reset again."""
         batch = self._empty()
@@ -135,13 +141,10 @@ class ShardColumns:
         seed_of = dict(zip(envs, seeds, strict=True))
         todo = sorted(envs)
         while todo:
-            requests = {}
-            for sid, ref in self.group.live.items():
-                mine = [i for i in ref.envs if i in seed_of and i in todo]
-                if mine:
-                    requests[sid] = Message(
-                        RESET, 0, mine, options, extra={"seeds": [seed_of[i] for i in mine]}
-                    )
+            requests = {
+                sid: Message(RESET, 0, mine, options, extra={"seeds": [seed_of[i] for i in mine]})
+                for sid, mine in self._by_shard(todo).items()
+            }
             replies, lost = self.group.exchange(requests)
             for sid, msg in replies.items():
                 self._scatter(batch, msg, self.group.live[sid])
@@ -164,12 +167,13 @@ class ShardColumns:
         errors: list[dict[str, Any]] = []
         todo = sorted(envs)
         while todo:
-            requests = {}
-            for sid, ref in self.group.live.items():
-                mine = [i for i in ref.envs if i in todo]
-                if mine:
-                    tree = {**request, "values": [value_of[i] for i in mine]} if values else request
-                    requests[sid] = Message(CALL, 0, mine, tree)
+            requests = {
+                sid: Message(
+                    CALL, 0, mine,
+                    {**request, "values": [value_of[i] for i in mine]} if values else request,
+                )
+                for sid, mine in self._by_shard(todo).items()
+            }  # fmt: skip
             replies, lost = self.group.exchange(requests)
             for sid, msg in replies.items():
                 results.update(zip(msg.envs, msg.tree or [], strict=False))
