@@ -1,0 +1,31 @@
+"""The PPO sync grid's statistics: bootstrap intervals and the 'on the front within its CI' test."""
+
+import math
+
+import numpy as np
+
+from bench.sync_policies import bootstrap_ci, not_resolvably_dominated
+
+
+def test_bootstrap_interval_brackets_the_median_and_keeps_unsolved_seeds() -> None:
+    lo, hi = bootstrap_ci([10.0, 20.0, 30.0, 40.0, 50.0], np.median)
+    assert 10.0 <= lo <= 30.0 <= hi <= 50.0
+    assert bootstrap_ci([7.0] * 5, np.median) == (7.0, 7.0)
+    # two of five unsolved: resamples with a majority unsolved exist, so the interval reaches +inf
+    _, hi = bootstrap_ci([10.0, 20.0, 30.0, math.inf, math.inf], np.median)
+    assert hi == math.inf
+
+
+def row(rule: str, mb: float, lo: float, hi: float) -> dict:
+    return {"rule": rule, "weight_MB_per_worker": mb, "probe_MB_per_worker": 0.0,
+            "steps_ci_low": lo, "steps_ci_high": hi}  # fmt: skip
+
+
+def test_a_rule_is_off_the_front_only_when_a_cheaper_rule_is_resolvably_faster() -> None:
+    rows = [
+        row("cheap-fast", 1.0, 10, 20),
+        row("dear-slow", 5.0, 30, 40),  # cheap-fast's interval lies wholly below: dominated
+        row("dear-overlap", 5.0, 15, 40),  # intervals overlap: not resolved
+        row("cheapest-slow", 0.5, 50, 60),  # nothing moves fewer bytes
+    ]
+    assert not_resolvably_dominated(rows) == {"cheap-fast", "dear-overlap", "cheapest-slow"}
