@@ -7,7 +7,9 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,6 +64,20 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
         for row in cells
     ]
     return "\n".join([head, rule, *body])
+
+
+def train_run(flags: Sequence[str], runs_dir: Path, prefix: str) -> dict[str, Any]:
+    """`clusterenv train FLAGS` in a fresh folder under `runs_dir`, quietly; the finished run as
+    `clusterenv.learner.report.load_run` reads it. A failed run raises with the end of its stderr."""
+    from clusterenv.learner.report import load_run
+
+    parent = Path(tempfile.mkdtemp(prefix=prefix, dir=runs_dir))
+    cmd = [*TRAIN, *flags, "--run-dir", str(parent)]
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed: {proc.stderr[-2000:]}")
+    (run_dir,) = [p for p in parent.iterdir() if p.is_dir()]
+    return load_run(run_dir)
 
 
 def median(values: Sequence[float]) -> float:

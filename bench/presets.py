@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS_DIR, TRAIN, mark_start, median, table, write_results
-from clusterenv.learner.report import first_solve, load_run
+from bench.common import RESULTS_DIR, mark_start, median, table, train_run, write_results
+from clusterenv.learner.report import first_solve
 
 # The bars: RL-Zoo's DQN results (LunarLander's is above RL-Zoo's 154).
 BARS: dict[str, dict[str, float]] = {
@@ -35,22 +33,14 @@ BARS: dict[str, dict[str, float]] = {
 
 def run_one(env: str, seed: int, runs_dir: Path) -> dict[str, Any]:
     spec = BARS[env]
-    parent = Path(tempfile.mkdtemp(prefix="preset-", dir=runs_dir))
-    cmd = [
-        *TRAIN, "--env", env, "--seed", str(seed), "--total-steps", str(spec["budget"]),
-        "--target-return", "1e9", "--run-dir", str(parent),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
-    (run_dir,) = [p for p in parent.iterdir() if p.is_dir()]
-    run = load_run(run_dir)
+    flags = ["--env", env, "--seed", str(seed), "--total-steps", str(spec["budget"]), "--target-return", "1e9"]  # fmt: skip
+    run = train_run(flags, runs_dir, "preset-")
     evals = [r["eval/return_mean"] for r in run["rows"]]
     first, _ = first_solve(run, spec["bar"])
     return {
         "env": env, "seed": seed, "bar": spec["bar"], "budget": spec["budget"],
         "first_hit_steps": first, "end_eval": evals[-1], "end_eval_steps": run["rows"][-1]["env_steps"],
-        "best_eval": max(evals), "wall_s": run["summary"]["wall_s"], "run_dir": str(run_dir),
+        "best_eval": max(evals), "wall_s": run["summary"]["wall_s"], "run_dir": str(run["dir"]),
     }  # fmt: skip
 
 

@@ -19,16 +19,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS_DIR, TRAIN, mark_start, median, save_figure, table, write_results
-from clusterenv.learner.report import first_solve, load_run
+from bench.common import (
+    RESULTS_DIR,
+    mark_start,
+    median,
+    save_figure,
+    table,
+    train_run,
+    write_results,
+)
+from clusterenv.learner.report import first_solve
 from clusterenv.pipeline.sync.rules import Aps, parse_sync
 
 # tv and kl tolerances are paired: with two actions a greedy flip costs (1-ε) in tv and about
@@ -79,23 +85,18 @@ def run_one(
     extra: list[str],
 ) -> dict[str, Any]:
     spec = ENVS[algo][env]
-    parent = Path(tempfile.mkdtemp(prefix="sync-", dir=runs_dir))
-    cmd = [
-        *TRAIN, "--algo", algo, "--env", env, "--seed", str(seed),
+    flags = [
+        "--algo", algo, "--env", env, "--seed", str(seed),
         "--sync", rule, "--total-steps", str(budget), "--target-return", "1e9",
-        "--workers", str(workers), "--run-dir", str(parent), *spec["flags"], *extra,
+        "--workers", str(workers), *spec["flags"], *extra,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {proc.stderr[-2000:]}")
-    (run_dir,) = [p for p in parent.iterdir() if p.is_dir()]
-    run = load_run(run_dir)
+    run = train_run(flags, runs_dir, "sync-")
     summary, rows = run["summary"], run["rows"]
     solved_at, _ = first_solve(run, spec["solved"])
     sync = summary["sync_total"]
     return {
         "algo": algo, "env": env, "rule": rule, "seed": seed, "workers": workers,
-        "max_policy_lag": run["config"].get("ppo", {}).get("max_policy_lag"), "run_dir": str(run_dir),
+        "max_policy_lag": run["config"].get("ppo", {}).get("max_policy_lag"), "run_dir": str(run["dir"]),
         "steps_to_solve": solved_at,
         "auc": float(np.mean([r["eval/return_mean"] for r in rows])),
         "weight_bytes_per_worker": sync.get("weight_bytes", 0) / workers,
