@@ -4,24 +4,29 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 from clusterenv.learner.config import TrainConfig
 
 PRESETS_FILE = Path(__file__).with_name("presets.toml")
 
 
-def load_presets(path: Path = PRESETS_FILE) -> dict[str, dict[str, Any]]:
-    """{env id: {flag name: value}} from the presets file."""
+def load_presets(path: Path = PRESETS_FILE) -> dict[str, dict[str, dict[str, Any]]]:
+    """{algo: {env id: {flag name: value}}} from the presets file."""
     with open(path, "rb") as f:
-        return tomllib.load(f)
+        presets = tomllib.load(f)
+    algos = get_args(get_type_hints(TrainConfig)["algo"])
+    for algo in presets:
+        if algo not in algos:
+            raise ValueError(f'{path}: [{algo}] is not an algorithm; tables are [ALGO."ENV"]')
+    return presets
 
 
 def apply_preset(cfg: TrainConfig, values: dict[str, Any], env: str) -> None:
     """Set each preset value on `cfg` (in place), refusing unknown names and wrong types."""
     settings = cfg.settings()
     for name, value in values.items():
-        if name not in settings or name in ("env", "preset"):
+        if name not in settings or name in ("env", "algo", "preset"):
             raise ValueError(f"preset for {env}: {name!r} is not a train setting")
         holder, attr = settings[name]
         current = getattr(holder, attr)
@@ -34,23 +39,27 @@ def apply_preset(cfg: TrainConfig, values: dict[str, Any], env: str) -> None:
         setattr(holder, attr, value)
 
 
-def defaults_for(env: str, use_preset: bool, path: Path = PRESETS_FILE) -> TrainConfig:
-    """The config that flags are parsed on top of: the defaults, with `env`'s preset if any."""
-    cfg = TrainConfig(env=env, preset=use_preset)
-    presets = load_presets(path) if use_preset else {}
-    if env in presets:
-        apply_preset(cfg, presets[env], env)
+def defaults_for(env: str, algo: str, use_preset: bool, path: Path = PRESETS_FILE) -> TrainConfig:
+    """The config that flags are parsed on top of: the defaults, with the preset for `algo` on
+    `env` if there is one."""
+    cfg = TrainConfig(env=env, algo=algo, preset=use_preset)  # type: ignore[arg-type]
+    entry = load_presets(path).get(algo, {}).get(env) if use_preset else None
+    if entry:
+        apply_preset(cfg, entry, f"{algo} on {env}")
     return cfg
 
 
-def preset_choice(argv: list[str]) -> tuple[str, bool]:
-    """The env id and preset switch given in `argv` (the last of each wins, as in the parser)."""
-    env, use = TrainConfig.env, TrainConfig.preset
+def preset_choice(argv: list[str]) -> tuple[str, str, bool]:
+    """The env id, algorithm and preset switch given in `argv` (the last of each wins, as in the
+    parser)."""
+    found = {"env": TrainConfig.env, "algo": TrainConfig.algo}
+    use = TrainConfig.preset
     for i, arg in enumerate(argv):
-        if arg == "--env" and i + 1 < len(argv):
-            env = argv[i + 1]
-        elif arg.startswith("--env="):
-            env = arg.removeprefix("--env=")
-        elif arg in ("--preset", "--no-preset"):
+        for name in found:
+            if arg == f"--{name}" and i + 1 < len(argv):
+                found[name] = argv[i + 1]
+            elif arg.startswith(f"--{name}="):
+                found[name] = arg.removeprefix(f"--{name}=")
+        if arg in ("--preset", "--no-preset"):
             use = arg == "--preset"
-    return env, use
+    return found["env"], found["algo"], use

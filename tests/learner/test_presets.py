@@ -10,17 +10,27 @@ from clusterenv.learner.cli import CliError, parse_train
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.presets import defaults_for, load_presets, preset_choice
 
+SHIPPED = [(algo, env) for algo, envs in load_presets().items() for env in envs]
 
-@pytest.mark.parametrize("env", sorted(load_presets()))
-def test_every_shipped_preset_applies_and_validates(env):
-    cfg = defaults_for(env, use_preset=True)
+
+@pytest.mark.parametrize("algo, env", SHIPPED)
+def test_every_shipped_preset_applies_and_validates(algo, env):
+    cfg = defaults_for(env, algo, use_preset=True)
     cfg.validate()
-    changed = {k for k, v in load_presets()[env].items()}
-    assert changed and cfg.env == env and cfg.preset
+    assert load_presets()[algo][env] and cfg.env == env and cfg.algo == algo and cfg.preset
 
 
-def test_the_envs_the_issue_names_have_presets():
-    assert {"CartPole-v1", "Acrobot-v1", "LunarLander-v3", "MountainCar-v0"} <= set(load_presets())
+def test_the_envs_the_issue_names_have_dqn_presets():
+    names = {"CartPole-v1", "Acrobot-v1", "LunarLander-v3", "MountainCar-v0"}
+    assert names <= set(load_presets()["dqn"])
+
+
+def test_a_dqn_preset_does_not_reach_a_ppo_run():
+    dqn = parse_train(["--env", "Acrobot-v1"])
+    ppo = parse_train(["--env", "Acrobot-v1", "--algo", "ppo"])
+    assert dqn.total_steps == 100_000 and dqn.dqn.batch_size == 128
+    assert ppo.total_steps == 200_000  # PPO's own entry
+    assert ppo.dqn == TrainConfig().dqn and ppo.replay == TrainConfig().replay
 
 
 def test_flags_override_the_preset_and_config_json_records_what_was_used():
@@ -42,8 +52,9 @@ def test_an_env_without_an_entry_keeps_the_defaults():
 
 
 def test_preset_choice_reads_the_last_of_each_flag():
-    assert preset_choice(["--env", "A", "--no-preset", "--env=B", "--preset"]) == ("B", True)
-    assert preset_choice([]) == ("CartPole-v1", True)
+    argv = ["--env", "A", "--no-preset", "--algo=ppo", "--env=B", "--preset"]
+    assert preset_choice(argv) == ("B", "ppo", True)
+    assert preset_choice([]) == ("CartPole-v1", "dqn", True)
 
 
 @pytest.mark.parametrize(
@@ -52,14 +63,22 @@ def test_preset_choice_reads_the_last_of_each_flag():
         ({"lrr": 1.0}, "'lrr' is not a train setting"),
         ({"batch_size": "64"}, "batch_size must be int"),
         ({"env": "Other-v0"}, "'env' is not a train setting"),
+        ({"algo": "ppo"}, "'algo' is not a train setting"),
     ],
 )
 def test_a_bad_preset_file_is_refused_by_name(tmp_path, entry, message):
     path = tmp_path / "presets.toml"
     lines = [f"{k} = {json.dumps(v)}" for k, v in entry.items()]
-    path.write_text('["X-v0"]\n' + "\n".join(lines) + "\n")
+    path.write_text('[dqn."X-v0"]\n' + "\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=message):
-        defaults_for("X-v0", use_preset=True, path=path)
+        defaults_for("X-v0", "dqn", use_preset=True, path=path)
+
+
+def test_a_table_that_names_no_algorithm_is_refused(tmp_path):
+    path = tmp_path / "presets.toml"
+    path.write_text('["X-v0"]\nlr = 0.1\n')
+    with pytest.raises(ValueError, match=r"\[X-v0\] is not an algorithm"):
+        load_presets(path)
 
 
 def test_the_cli_reports_a_bad_flag_on_top_of_a_preset_in_one_line():
