@@ -76,11 +76,13 @@ class Trainer:
         torch.set_num_threads(cfg.torch_threads)
         self.keys = RunKeys(run_id)
         self.client = connect(redis_url)
+
+        def lag(version: int) -> tuple[int, int]:
+            """(versions, updates) behind the learner: the publisher and learner are made below."""
+            return self.publisher.lag(version, self.learner.updates)
+
         # --- the algorithm: its learner (behind one interface) and what the workers must do ---
-        self.algo = build_algorithm(
-            cfg, obs_space, num_actions,
-            lambda version: self.publisher.lag(version, self.learner.updates)[0],
-        )  # fmt: skip
+        self.algo = build_algorithm(cfg, obs_space, num_actions, lambda v: lag(v)[0])
         self.learner = self.algo.learner
         self.replay, self.limiter = self.learner.replay, self.learner.limiter
         chunk = cfg.collection.chunk_env_steps
@@ -96,10 +98,7 @@ class Trainer:
             transition_specs(obs_space.dtype, obs_space.shape, self.algo.extra_specs), num_actions,
         )  # fmt: skip
         self.reader_stats, self.accepted_chunks = reader.stats, reader.seen
-        self.ingest = Ingest(
-            reader, self.learner.insert,
-            lambda version: self.publisher.lag(version, self.learner.updates),
-        )  # fmt: skip
+        self.ingest = Ingest(reader, self.learner.insert, lag)
         # --- dispatch and evaluation: tasks sent through Celery ---
         self.celery = celery_client(redis_url, "clusterenv-learner")
 
