@@ -34,7 +34,12 @@ BARS: dict[str, dict[str, float]] = {
 def run_one(env: str, seed: int, runs_dir: Path) -> dict[str, Any]:
     spec = BARS[env]
     flags = ["--env", env, "--seed", str(seed), "--total-steps", str(spec["budget"]), "--target-return", "1e9"]  # fmt: skip
-    run = train_run(flags, runs_dir, "preset-")
+    return result(env, seed, train_run(flags, runs_dir, "preset-"))
+
+
+def result(env: str, seed: int, run: dict[str, Any]) -> dict[str, Any]:
+    """One run's row: first eval at the bar, the eval at the end of the budget, the best eval."""
+    spec = BARS[env]
     evals = [r["eval/return_mean"] for r in run["rows"]]
     first, _ = first_solve(run, spec["bar"])
     return {
