@@ -211,8 +211,8 @@ class TrainConfig:
     """dqn: Double DQN from replay, workers act ε-greedily; ppo: PPO on chunks, workers sample
     their cached policy and send its log-probs (docs/architecture.md, PPO)"""
     preset: bool = True
-    """start from the env's entry in learner/presets.toml when it has one (flags override it);
-    --no-preset: the plain defaults below"""
+    """start from the entry for --algo on --env in learner/presets.toml when there is one (flags
+    override it); --no-preset: the plain defaults below"""
     env_kwargs: JsonObject = field(default_factory=dict)
     """keyword arguments for gymnasium.make as a JSON object, e.g. '{"g": 9.8}'"""
     seed: int = 1
