@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,7 @@ def run_one(
 
 
 def bootstrap_ci(
-    values: list[float], stat: Any, seed: int = 0, level: float = 0.95
+    values: list[float], stat: Callable[[np.ndarray], Any], seed: int = 0, level: float = 0.95
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of `stat` over `values` (resampled with replacement).
 
