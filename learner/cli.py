@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -151,8 +152,18 @@ def train(cfg: TrainConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _raise_keyboard_interrupt)
+    # A learner that seems stuck tells where: `kill -USR1 PID` prints every thread's stack.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        with lock, Stack(cfg.redis_url, cfg.local_workers(), run_dir / "workers.log") as stack:
+        with (
+            lock,
+            Stack(
+                cfg.redis_url,
+                cfg.local_workers(),
+                run_dir / "workers.log",
+                cfg.local_eval_workers(),
+            ) as stack,
+        ):
             url = stack.redis_url
             assert url is not None
             _wait_for_workers(connect(url), url)

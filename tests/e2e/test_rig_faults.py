@@ -146,13 +146,15 @@ def wait_for(what: str, check, proc: subprocess.Popen, rig: NetRig, timeout_s: f
 
 def learner_log(rig: NetRig) -> str:
     log = rig.root / "learner.log"
-    return log.read_text(errors="replace")[-3000:] if log.exists() else ""
+    return log.read_text(errors="replace")[-6000:] if log.exists() else ""
 
 
 def finish(proc: subprocess.Popen, rig: NetRig, timeout_s: float = 240) -> str:
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # the learner prints every thread's stack: where it hangs
+        time.sleep(2)
         pytest.fail(f"the run did not end in {timeout_s} s: {learner_log(rig)}")
     return learner_log(rig)
 
