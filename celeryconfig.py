@@ -7,7 +7,11 @@ A password, ACL user and TLS options travel in that URL (docs/operations.md).
 
 import os
 
+from kombu import Queue
+
 from clusterenv.pipeline.connect import celery_ssl
+from clusterenv.pipeline.evaluation.request import EVALUATE_TASK
+from clusterenv.pipeline.keys import EVAL_QUEUE
 
 broker_url = os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
 broker_use_ssl = celery_ssl(broker_url)
@@ -19,6 +23,11 @@ task_serializer = "json"
 result_serializer = "json"
 accept_content = ["json"]
 event_serializer = "json"
+
+# Collection on Celery's default queue, evaluation on its own; a worker without -Q takes both.
+task_default_queue = "celery"
+task_queues = (Queue("celery"), Queue(EVAL_QUEUE))
+task_routes = {EVALUATE_TASK: {"queue": EVAL_QUEUE}}
 
 # A killed worker's chunk goes back to the queue; the learner's chunk-id ledger makes that harmless.
 task_acks_late = True

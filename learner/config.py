@@ -233,6 +233,11 @@ class TrainConfig:
         int | None, arg(help_behavior_hint="(default: one per core without --redis-url, 0 with it)")
     ] = None
     """local worker processes to start"""
+    eval_workers: Annotated[
+        int | None, arg(help_behavior_hint="(default: 1 if local workers are started, else 0)")
+    ] = None
+    """local worker processes that only evaluate (Celery queue clusterenv:eval), so an evaluation
+    never takes a collecting worker away; collecting workers evaluate too"""
     run_dir: str = "runs"
     """parent folder of the run directory"""
     resume: Annotated[str | None, arg(help_behavior_hint="(default: a new run)")] = None
@@ -275,6 +280,8 @@ class TrainConfig:
                 )
         if self.workers is not None and self.workers < 0:
             raise ValueError(f"--workers must be >= 0, got {self.workers}")
+        if self.eval_workers is not None and self.eval_workers < 0:
+            raise ValueError(f"--eval-workers must be >= 0, got {self.eval_workers}")
         if self.replay.learning_starts < self.dqn.batch_size:
             raise ValueError("--learning-starts must be at least --batch-size")
         if not 0.0 < self.dqn.gamma <= 1.0:
@@ -347,6 +354,11 @@ class TrainConfig:
         if self.workers is not None:
             return self.workers
         return 0 if self.redis_url else (os.cpu_count() or 1)
+
+    def local_eval_workers(self) -> int:
+        if self.eval_workers is not None:
+            return self.eval_workers
+        return 1 if self.local_workers() > 0 else 0
 
     def to_json(self) -> str:
         """The config as written to config.json; a password in the Redis URL is not."""

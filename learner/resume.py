@@ -28,7 +28,7 @@ LOCK_FILE = ".lock"
 # Settings a resumed run may change: where it runs, how long, how it reports and checkpoints.
 # Anything else would make the resumed run a different experiment from the one it continues.
 RESUMABLE = frozenset({
-    "resume", "total_steps", "redis_url", "workers", "status_every_s", "torch_threads",
+    "resume", "total_steps", "redis_url", "workers", "eval_workers", "status_every_s", "torch_threads",
     "eval_timeout_s", "lost_after_s", "slots_every_s", "checkpoint_every_s",
     "checkpoint_every_updates", "checkpoints_kept", "checkpoint_replay",
 })  # fmt: skip

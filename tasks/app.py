@@ -10,6 +10,7 @@ from celery import Celery, bootsteps
 from clusterenv.pipeline.cluster.heartbeat import Heartbeat
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import EVAL_QUEUE
 
 app = Celery(
     "clusterenv",
@@ -47,9 +48,11 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
         # A solo pool runs one task at a time whatever `concurrency` says.
         solo = "solo" in getattr(worker.pool_cls, "__module__", "")
         processes = 1 if solo else int(worker.concurrency or 1)
+        # `-Q clusterenv:eval` alone: this worker takes no chunks, so the learner sends none for it.
+        eval_only = set(worker.app.amqp.queues.consume_from) == {EVAL_QUEUE}
         self.beat = self.registry.keep_alive(
             worker.hostname, processes, conf.clusterenv_heartbeat_every_s,
-            conf.clusterenv_heartbeat_ttl_s,
+            conf.clusterenv_heartbeat_ttl_s, eval_only,
         )  # fmt: skip
 
     def stop(self, worker):

@@ -25,6 +25,7 @@ import redis
 
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import EVAL_QUEUE
 
 _PR_SET_PDEATHSIG = 1
 
@@ -48,7 +49,8 @@ def _die_with_parent() -> None:
 
 
 class LocalWorkers:
-    """N `celery -A clusterenv.tasks worker --pool solo` processes on this machine; `launcher` is put before
+    """N `celery -A clusterenv.tasks worker --pool solo` processes on this machine, taking every
+    queue or only `queue` (with EVAL_QUEUE: workers that only evaluate); `launcher` is put before
     each command (e.g. `ip netns exec NS`, to run it in another network namespace)."""
 
     def __init__(
@@ -61,6 +63,7 @@ class LocalWorkers:
     ):
         self.redis_url, self.count, self.log_path, self.queue = redis_url, count, log_path, queue
         self.launcher = list(launcher)
+        self.eval_only = queue == EVAL_QUEUE  # announced apart; no chunk is sent for these
         self.procs: list[subprocess.Popen] = []
         self.tag = uuid.uuid4().hex[:6]
 
@@ -71,7 +74,7 @@ class LocalWorkers:
         cmd = [
             *self.launcher, sys.executable, "-m", "celery", "-A", "clusterenv.tasks", "worker",
             "--pool", "solo", "--loglevel", "INFO",
-            "--hostname", f"local{i}-{self.tag}@%h",
+            "--hostname", f"{'eval' if self.eval_only else 'local'}{i}-{self.tag}@%h",
         ]  # fmt: skip
         if self.queue:
             cmd += ["--queues", self.queue]
@@ -88,10 +91,11 @@ class LocalWorkers:
                 self.procs.append(self._spawn(len(self.procs), env, log))
 
     def wait_ready(self, client: redis.Redis, expected: int, timeout_s: float = 60.0) -> None:
-        """Until `expected` worker processes report; WorkersDidNotStart if one exits or time is up."""
+        """Until `expected` worker processes of this pool's kind (collecting or eval-only) report;
+        WorkersDidNotStart if one exits or time is up."""
         deadline = time.monotonic() + timeout_s
         registry = WorkerRegistry(client)
-        while registry.alive_processes() < expected:
+        while registry.alive_processes(self.eval_only) < expected:
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
                 raise WorkersDidNotStart(
@@ -222,20 +226,32 @@ class EmbeddedServer:
 
 
 class Stack:
-    """Server (unless a URL is given) plus local workers; a context manager that always cleans up."""
+    """Server (unless a URL is given) plus local workers, and `eval_workers` more that only
+    evaluate; a context manager that always cleans up."""
 
-    def __init__(self, redis_url: str | None, workers: int, log_path: Path | None = None):
+    def __init__(
+        self,
+        redis_url: str | None,
+        workers: int,
+        log_path: Path | None = None,
+        eval_workers: int = 0,
+    ):
         self.redis_url = redis_url
-        self.num_workers = workers
+        self.counts = {None: workers, EVAL_QUEUE: eval_workers}  # per queue: None is every queue
         self.log_path = log_path
         self.server: EmbeddedServer | None = None
-        self.workers: LocalWorkers | None = None
+        self.pools: list[LocalWorkers] = []
+
+    @property
+    def workers(self) -> LocalWorkers | None:
+        """The workers that collect (and may evaluate)."""
+        return next((pool for pool in self.pools if not pool.eval_only), None)
 
     @property
     def pids(self) -> list[int]:
         """Processes this stack started and will stop: the server (if any) and local workers."""
         server = [self.server.pid] if self.server is not None and self.server.pid else []
-        return server + (self.workers.pids if self.workers is not None else [])
+        return server + [pid for pool in self.pools for pid in pool.pids]
 
     def __enter__(self) -> Stack:
         try:
@@ -243,11 +259,15 @@ class Stack:
                 self.server = EmbeddedServer()
                 self.redis_url = self.server.start()
             client = connect(self.redis_url)
-            if self.num_workers > 0:
-                before = WorkerRegistry(client).alive_processes()
-                self.workers = LocalWorkers(self.redis_url, self.num_workers, self.log_path)
-                self.workers.start()
-                self.workers.wait_ready(client, before + self.num_workers)
+            registry, expected = WorkerRegistry(client), []
+            for queue, count in self.counts.items():
+                if count > 0:
+                    pool = LocalWorkers(self.redis_url, count, self.log_path, queue)
+                    expected.append(registry.alive_processes(pool.eval_only) + count)
+                    self.pools.append(pool)
+                    pool.start()
+            for pool, n in zip(self.pools, expected, strict=True):  # start-ups overlap
+                pool.wait_ready(client, n)
         except BaseException:
             self.close()
             raise
@@ -257,9 +277,9 @@ class Stack:
         self.close()
 
     def close(self) -> None:
-        if self.workers is not None:
-            self.workers.stop()
-            self.workers = None
+        for pool in self.pools:
+            pool.stop()
+        self.pools.clear()
         if self.server is not None:
             self.server.stop()
             self.server = None

@@ -1,5 +1,5 @@
-"""Greedy evaluation on real workers: the same returns as a local rollout, split over tasks, and
-results taken once whatever arrives twice or late."""
+"""Greedy evaluation on real workers: the same returns as a local rollout, split over tasks,
+results taken once whatever arrives twice or late, and workers that only evaluate."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ import pytest
 
 from clusterenv.learner.evaluation import RemoteEvaluation
 from clusterenv.pipeline.chunks.actor import env_seeds, eval_seeds
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK
 from clusterenv.pipeline.cluster.celery_client import celery_client
+from clusterenv.pipeline.cluster.embedded import Stack
+from clusterenv.pipeline.cluster.registry import WorkerRegistry
+from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.evaluation.request import EvalRequest
 from clusterenv.pipeline.evaluation.runner import greedy_returns
-from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.keys import EVAL_QUEUE, RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import FakeClock, RecordingSend, net, url_of
@@ -58,6 +62,30 @@ def test_workers_return_what_a_local_rollout_returns(workers, client, run_id, pa
     assert result.versions_evaluated == {0}
     np.testing.assert_array_equal(result.returns, local_returns(net(0), eval_seeds(100, 0, 5)))
     assert evaluation.pending is None
+
+
+def test_a_worker_that_only_evaluates_is_counted_apart_and_takes_no_chunk(tmp_path, run_id):
+    # Its own server: the session's workers take every queue.
+    with Stack(None, workers=0, log_path=tmp_path / "w.log", eval_workers=1) as stack:
+        assert stack.redis_url is not None
+        client = connect(stack.redis_url)
+        registry = WorkerRegistry(client)
+        assert (registry.alive_processes(), registry.alive_processes(eval_only=True)) == (0, 1)
+        RedisWeightSource(client, RunKeys(run_id)).publish(net(0))
+        celery = celery_client(stack.redis_url)
+        try:
+            send = lambda name, kw: celery.send_task(name, kwargs=kw)  # noqa: E731
+            evaluation = RemoteEvaluation(
+                client, RunKeys(run_id), send, "CartPole-v1", {}, episodes=3, seed=5
+            )
+            evaluation.request(version=0, env_steps=0, parts=2)
+            (result,) = wait_for(evaluation)  # evaluation is routed to the worker's queue
+            send(COLLECT_CHUNK_TASK, {})  # a chunk goes to Celery's default queue, not taken
+            time.sleep(2.0)
+        finally:
+            celery.close()
+        assert client.llen("celery") == 1 and client.llen(EVAL_QUEUE) == 0
+    np.testing.assert_array_equal(result.returns, local_returns(net(0), eval_seeds(5, 0, 3)))
 
 
 def test_parts_split_the_episodes_and_duplicates_count_once(client, run_id):
