@@ -207,11 +207,14 @@ def test_ten_workers_killed_mid_chunk_lose_and_duplicate_nothing(net_rig):
 @pytest.mark.slow
 def test_a_host_cut_off_for_30_s_is_replaced_then_serves_again(net_rig):
     rig = net_rig(workers=2, one_way_ms=1.0)  # 2 ms round trip, as within a cloud zone
-    for host in rig.hosts:
-        rig.workers(host, 1, WORKER_ENV)
+    pools = [rig.workers(host, 1, WORKER_ENV) for host in rig.hosts]
     cut = rig.hosts[1]
     proc = start_learner(rig, learner_args(rig, total_steps=10_000_000, lost_after_s=5.0))
-    wait_for("chunks from both hosts", lambda: len(served_by(rig, cut, 0)) >= 3, proc, rig, 120)
+
+    def holds_a_chunk() -> bool:  # so the cut strands one: between tasks it would hold none
+        return len(served_by(rig, cut, 0)) >= 3 and mid_chunk(pools[1].log_path)
+
+    wait_for("the host to cut off serving a chunk", holds_a_chunk, proc, rig, 120)
     cut_at = time.time()
     rig.link(cut, up=False)
     time.sleep(30)
