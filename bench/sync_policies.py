@@ -256,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="PPO's --max-policy-lag for every run; results then go to files suffixed _lagN",
     )
+    p.add_argument(
+        "--reference-size",
+        type=int,
+        help="--reference-size (states a probe covers) for every run; results to files suffixed _refN",
+    )
     p.add_argument("--out", type=Path, help="summary (default: results/sync_policies[_ppo].json)")
     p.add_argument(
         "--runs-out",
@@ -282,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
             ["--max-policy-lag", str(args.max_policy_lag)],
             f"{suffix}_lag{args.max_policy_lag}",
         )
+    if args.reference_size is not None:
+        extra += ["--reference-size", str(args.reference_size)]
+        suffix += f"_ref{args.reference_size}"
     envs = args.envs.split(",") if args.envs else list(ENVS[algo])
     rules = args.rules.split(",") if args.rules else RULES[algo]
     budget = {env: args.budget or ENVS[algo][env]["budget"] for env in envs}

@@ -201,8 +201,9 @@ class TrainConfig:
     """Train Double DQN (or PPO: --algo ppo): envs on Celery workers, transitions through Redis,
     one learner.
 
-    Without --redis-url, starts an embedded Redis-compatible server and one local celery worker
-    per core. With --redis-url, uses the workers attached to that broker plus --workers local ones.
+    Without --redis-url, starts an embedded Redis-compatible server, one local celery worker per
+    core and one that only evaluates. With --redis-url, uses the workers attached to that broker
+    plus --workers local ones.
     """
 
     env: str = "CartPole-v1"
