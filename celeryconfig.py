@@ -11,7 +11,7 @@ from kombu import Queue
 
 from clusterenv.pipeline.connect import celery_ssl
 from clusterenv.pipeline.evaluation.request import EVALUATE_TASK
-from clusterenv.pipeline.keys import EVAL_QUEUE
+from clusterenv.pipeline.keys import COLLECT_QUEUE, EVAL_QUEUE
 
 broker_url = os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
 broker_use_ssl = celery_ssl(broker_url)
@@ -25,8 +25,8 @@ accept_content = ["json"]
 event_serializer = "json"
 
 # Collection on Celery's default queue, evaluation on its own; a worker without -Q takes both.
-task_default_queue = "celery"
-task_queues = (Queue("celery"), Queue(EVAL_QUEUE))
+task_default_queue = COLLECT_QUEUE
+task_queues = (Queue(COLLECT_QUEUE), Queue(EVAL_QUEUE))
 task_routes = {EVALUATE_TASK: {"queue": EVAL_QUEUE}}
 
 # A killed worker's chunk goes back to the queue; the learner's chunk-id ledger makes that harmless.

@@ -9,9 +9,10 @@ PREFIX = "clusterenv"
 # Worker heartbeats are per broker, not per run: any worker serves any run.
 WORKER_HEARTBEAT_PATTERN = f"{PREFIX}:worker:*"
 
-# Celery's queue for evaluation tasks (a Redis list of that name). Every worker takes from it and
-# from Celery's default queue, which carries collection; one started with `-Q clusterenv:eval`
-# only evaluates, so an evaluation never takes a worker away from collection.
+# Celery's queues (Redis lists of those names). Collection (and the remote env's shards) go to
+# Celery's default queue, evaluation to its own. Every worker takes from both; one started with
+# `-Q clusterenv:eval` only evaluates, so an evaluation never takes a worker away from collection.
+COLLECT_QUEUE = "celery"
 EVAL_QUEUE = f"{PREFIX}:eval"
 
 # Each run's learner status (`clusterenv status` finds them all).

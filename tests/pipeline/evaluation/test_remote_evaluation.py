@@ -19,7 +19,7 @@ from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.evaluation.request import EvalRequest
 from clusterenv.pipeline.evaluation.runner import greedy_returns
-from clusterenv.pipeline.keys import EVAL_QUEUE, RunKeys
+from clusterenv.pipeline.keys import COLLECT_QUEUE, EVAL_QUEUE, RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import FakeClock, RecordingSend, net, url_of
@@ -84,7 +84,7 @@ def test_a_worker_that_only_evaluates_is_counted_apart_and_takes_no_chunk(tmp_pa
             time.sleep(2.0)
         finally:
             celery.close()
-        assert client.llen("celery") == 1 and client.llen(EVAL_QUEUE) == 0
+        assert client.llen(COLLECT_QUEUE) == 1 and client.llen(EVAL_QUEUE) == 0
     np.testing.assert_array_equal(result.returns, local_returns(net(0), eval_seeds(5, 0, 3)))
 
 
