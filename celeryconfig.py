@@ -48,9 +48,14 @@ task_publish_retry_policy = {
     "interval_max": 1.0,
 }
 
-# Flower lists chunks from task events.
-worker_send_task_events = True
-task_send_sent_event = True
+# Task events are what Flower lists chunks from, but each costs the worker a publish: ~0.5 ms of
+# CPU per task (bench/overhead.py, docs/benchmarks.md). Off unless asked for, as in Celery itself:
+# a running Flower turns them on in every worker (and again every 5 s for workers started later),
+# `celery worker -E` keeps one worker's on, CLUSTERENV_TASK_EVENTS=1 every worker's and the
+# learner's `task-sent` events too.
+_task_events = os.environ.get("CLUSTERENV_TASK_EVENTS", "0") == "1"
+worker_send_task_events = _task_events
+task_send_sent_event = _task_events
 task_track_started = True
 
 worker_hijack_root_logger = False

@@ -193,11 +193,14 @@ class Rig:
         runtime.run_chunk(ChunkRequest(chunk_id=0, **template))  # creates the envs, fetches weights
         state = runtime.runs.get(keys.run_id)
         assert state is not None
-        spent = {"collect": 0.0, "sync": 0.0, "write": 0.0}
+        # The chunk's XADD waits in the outbox: it is sent with the next sync check, and the
+        # task's last one by the flush.
+        spent = {"collect": 0.0, "sync": 0.0, "write": 0.0, "flush": 0.0}
         for name, obj in (
             ("collect", state.actor),
             ("sync", state.weights),
             ("write", state.writer),
+            ("flush", runtime.outbox),
         ):
             setattr(obj, name, _timed(getattr(obj, name), spent, name))
         t0 = time.perf_counter()

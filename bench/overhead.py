@@ -140,8 +140,9 @@ def print_tables(summary: dict[str, dict[str, Any]]) -> None:
         "+ between tasks": "pipeline_between_tasks_ms",
         "run_chunk here": "run_chunk_run_chunk_ms",
         "· collect": "run_chunk_collect_ms",
-        "· sync check": "run_chunk_sync_ms",
-        "· encode+XADD": "run_chunk_write_ms",
+        "· sync check (+ held XADD)": "run_chunk_sync_ms",
+        "· encode": "run_chunk_write_ms",
+        "· flush (last XADD)": "run_chunk_flush_ms",
         "· other": "run_chunk_other_ms",
     }
     print(

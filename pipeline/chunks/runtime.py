@@ -13,6 +13,7 @@ from clusterenv.pipeline.chunks.actor import Act, Actor, env_seeds, make_vector_
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.chunks.stream import StreamWriter
 from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.outbox import Outbox
 from clusterenv.pipeline.policy import NumpyMLP, epsilon_greedy, sample_categorical
 from clusterenv.pipeline.roles import TransitionWriter, WeightClient
 from clusterenv.pipeline.sync.client import RedisWeightClient
@@ -77,6 +78,8 @@ class WorkerRuntime:
         self.client = client
         self.worker_name = worker_name
         self.runs = RunCache(max_cached_runs)
+        # A chunk's XADD rides with the next chunk's sync check; each task flushes the last one.
+        self.outbox = Outbox(client)
 
     def _start_run(self, req: ChunkRequest) -> RunState:
         keys = RunKeys(req.run_id)
@@ -85,15 +88,15 @@ class WorkerRuntime:
         rule = parse_sync(req.sync, req.max_lag_versions, req.max_lag_seconds, req.policy)
         return RunState(
             actor=Actor(make_vector_env(req.env_id, req.env_kwargs, req.num_envs), seeds),
-            weights=RedisWeightClient(self.client, keys, rule, req.policy),
-            writer=StreamWriter(self.client, keys),
+            weights=RedisWeightClient(self.client, keys, rule, req.policy, self.outbox),
+            writer=StreamWriter(self.client, keys, self.outbox),
             actor_index=index,
             rng=np.random.default_rng(seeds[0]),
         )
 
     def run_chunk(self, req: ChunkRequest) -> dict[str, Any]:
         """The request's chunks back to back, each with its own stop check, sync check and stream
-        entry; returns the small summary Flower shows."""
+        entry; returns the small summary Flower shows once every chunk it collected is stored."""
         done: list[dict[str, Any]] = []
         for chunk_id in range(req.chunk_id, req.chunk_id + req.chunks):
             state = self.runs.get(req.run_id)
@@ -105,10 +108,11 @@ class WorkerRuntime:
             summary = (
                 None if state is None else collect_chunk(state, req, chunk_id, self.worker_name)
             )
-            if summary is None:
+            if summary is None:  # the sync check that saw the stop also sent the held XADD
                 self.runs.drop(req.run_id)
                 return {**merge_summaries(req, done), "skipped": "run stopped"}
             done.append(summary)
+        self.outbox.flush()  # the last chunk's XADD
         return merge_summaries(req, done)
 
 

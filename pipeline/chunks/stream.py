@@ -18,20 +18,25 @@ import redis
 
 from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk, encode_chunk
 from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.outbox import Outbox
 from clusterenv.pipeline.roles import Sink
 
 log = logging.getLogger(__name__)
 
 
 class StreamWriter:
-    """Worker side: append one chunk (header + raw arrays) to the run's stream."""
+    """Worker side: append one chunk (header + raw arrays) to the run's stream; with an `outbox`,
+    the XADD waits there for the next sync check's round trip (or the outbox's flush)."""
 
-    def __init__(self, client: redis.Redis, keys: RunKeys):
-        self.client, self.keys = client, keys
+    def __init__(self, client: redis.Redis, keys: RunKeys, outbox: Outbox | None = None):
+        self.client, self.keys, self.outbox = client, keys, outbox
 
     def write(self, header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
         fields = encode_chunk(header, arrays)
-        self.client.xadd(self.keys.stream, fields)
+        if self.outbox is None:
+            self.client.xadd(self.keys.stream, fields)
+        else:
+            self.outbox.hold(lambda pipe: pipe.xadd(self.keys.stream, fields))
         return sum(len(v) for v in fields.values())
 
 

@@ -1,7 +1,7 @@
 """Worker side of weight sync: hold one policy version and run the per-chunk sync check.
 
 Per chunk the client reads `latest`, whether its own version is still stored and whether the run
-has stopped (one round trip);
+has stopped (one round trip, which also carries the previous chunk's XADD: pipeline/outbox.py);
 its rule then decides whether to fetch the full weights. APS rules first read the newer version's
 probe (and the reference states it was computed on, when they changed) to measure divergence.
 """
@@ -15,9 +15,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import redis
+from redis.client import Pipeline
 
 from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk
 from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.outbox import Outbox
 from clusterenv.pipeline.policy import NumpyMLP, load_policy
 from clusterenv.pipeline.roles import SyncRule
 from clusterenv.pipeline.sync.divergence import DIVERGENCES
@@ -64,9 +66,16 @@ class RedisWeightClient:
     """Holds one policy version and decides, per chunk, whether to fetch a newer one."""
 
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, rule: SyncRule, kind: str = "epsilon_greedy"
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        rule: SyncRule,
+        kind: str = "epsilon_greedy",
+        outbox: Outbox | None = None,
     ):
         self.client, self.keys, self.rule = client, keys, rule
+        # The sync check's reads go out with whatever the outbox holds (the last chunk's XADD).
+        self.outbox = outbox if outbox is not None else Outbox(client)
         self.kind = kind  # how the worker acts (pipeline/policy.py): which divergences apply
         self.version: int | None = None
         self.policy: NumpyMLP | None = None
@@ -82,12 +91,14 @@ class RedisWeightClient:
     def sync(self, epsilon: float) -> NumpyMLP | None:
         """The per-chunk sync check; returns the policy to act with for the next chunk, or None
         (and `run_stopped` set) when the run has ended."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.exists(self.keys.stop)
-        pipe.get(self.keys.weights_latest)
-        if self.version is not None:
-            pipe.exists(self.keys.weights(self.version))
-        replies = pipe.execute()
+
+        def reads(pipe: Pipeline) -> None:
+            pipe.exists(self.keys.stop)
+            pipe.get(self.keys.weights_latest)
+            if self.version is not None:
+                pipe.exists(self.keys.weights(self.version))
+
+        replies = self.outbox.send(reads)
         self.counters.version_checks += 1
         self.last_divergence = None
         self.run_stopped = bool(replies[0])

@@ -24,23 +24,27 @@ def get_json(url: str):
 def test_flower_shows_chunks(redis_url, workers, celery_app, client, run_id):
     unauthenticated = {"FLOWER_UNAUTHENTICATED_API": "true"}
     with flower(redis_url, env=unauthenticated, timeout_s=30) as base:
-        time.sleep(1.0)  # let Flower's event receiver attach before the tasks run
         w = {
             "layers.0.weight": np.ones((2, 4), np.float32),
             "layers.0.bias": np.zeros(2, np.float32),
         }
         RedisWeightSource(client, RunKeys(run_id)).publish(w)
-        for i in range(3):
-            req = ChunkRequest(run_id, i, "CartPole-v1", 2, 5, seed=1, epsilon=0.5)
-            celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
+        # Task events are off in the workers (celeryconfig) until Flower turns them on, within
+        # its 5 s enable-events period: chunks sent before then never show, so keep sending.
         deadline = time.monotonic() + 30
         mine: list[dict] = []
-        while len(mine) < 3 or any(t["state"] != "SUCCESS" for t in mine):
-            assert time.monotonic() < deadline, f"flower shows {mine}"
-            time.sleep(0.3)
+        sent = 0
+        while len([t for t in mine if t["state"] == "SUCCESS"]) < 3:
+            assert time.monotonic() < deadline, f"flower shows {mine} of {sent} chunks sent"
+            req = ChunkRequest(run_id, sent, "CartPole-v1", 2, 5, seed=1, epsilon=0.5)
+            celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
+            sent += 1
+            time.sleep(0.5)
             tasks = get_json(f"{base}/api/tasks?taskname={COLLECT_CHUNK_TASK}&limit=1000").values()
             mine = [t for t in tasks if run_id in (t.get("kwargs") or "")]
         for t in mine:
+            if t["state"] != "SUCCESS":
+                continue
             assert "'steps': 5" in t["kwargs"]
             result = json.loads(t["result"])  # the result summary reads as JSON
             assert result["steps"] == 10 and result["policy_version"] == 0, result

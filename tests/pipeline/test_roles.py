@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+import redis
 
 from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter
 from clusterenv.pipeline.keys import RunKeys
@@ -47,9 +48,9 @@ def params(sig: inspect.Signature) -> list[str]:
 
 
 CASES = [
-    (WeightClient, lambda: RedisWeightClient(None, KEYS, Always())),
+    (WeightClient, lambda: RedisWeightClient(redis.Redis(), KEYS, Always())),
     (WeightClient, lambda: FakeWeightClient(net(0))),
-    (SyncState, lambda: RedisWeightClient(None, KEYS, Always())),
+    (SyncState, lambda: RedisWeightClient(redis.Redis(), KEYS, Always())),
     (SyncState, FakeSyncState),
     (WeightSource, lambda: RedisWeightSource(None, KEYS)),
     (TransitionWriter, lambda: StreamWriter(None, KEYS)),

@@ -8,6 +8,7 @@ from collections import defaultdict
 import gymnasium as gym
 import numpy as np
 import pytest
+import redis
 
 from clusterenv.pipeline.chunks.actor import env_seeds
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
@@ -181,3 +182,33 @@ def test_a_stop_between_a_tasks_chunks_ends_the_task_there(client, run_id):
     assert (summary["chunk"], summary["chunks"], summary["chunks_done"]) == (10, 4, 2)
     assert summary["steps"] == 2 * 2 * 5
     assert client.xlen(keys.stream) == 3 and run_id not in runtime.runs
+
+
+def test_a_tasks_chunks_are_stored_when_it_returns_at_one_round_trip_each(
+    client, run_id, monkeypatch
+):
+    """A chunk's XADD goes out with the next chunk's sync check, and the task's last one before
+    the task returns: a task of K chunks costs K + 1 round trips to the broker, not 2K."""
+    keys = RunKeys(run_id)
+    RedisWeightSource(client, keys).publish(POLICY)
+    runtime = WorkerRuntime(client, "w:1")
+
+    def request(chunk_id: int, chunks: int) -> ChunkRequest:
+        return ChunkRequest(run_id, chunk_id, "CartPole-v1", 2, 5, seed=5, epsilon=0.0,
+                            sync="on-change", chunks=chunks)  # fmt: skip
+
+    runtime.run_chunk(request(0, 1))  # builds the envs and fetches the weights
+    assert client.xlen(keys.stream) == 1
+    sends: list[bytes] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self, command, check_health=True):
+        if check_health:  # not a health-check PING of its own
+            sends.append(command)
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    summary = runtime.run_chunk(request(1, 4))
+    monkeypatch.undo()
+    assert summary["chunks_done"] == 4 and client.xlen(keys.stream) == 5
+    assert len(sends) == 4 + 1, f"{len(sends)} round trips for a task of 4 chunks"
