@@ -77,10 +77,16 @@ def build_algorithm(
     """The learner of `cfg.algo` with its limiter; `lag_versions(v)`: how many versions the policy
     version v is behind the newest published one (PPO drops chunks past --max-policy-lag)."""
     chunk = cfg.collection.chunk_env_steps
+    # Dispatch sends whole tasks: the limiter's slack must admit one, or dispatch (waiting for
+    # training to catch up) and training (waiting for data) can each wait for the other for good.
+    task = chunk * cfg.dispatch.chunks_per_task
     if cfg.algo == "ppo":
         p = cfg.ppo
-        # On-policy: collection may run ahead of training by one batch and a few chunks, no more.
-        limiter = RateLimiter(1.0, 0, p.batch_steps + chunk * cfg.replay.error_buffer_chunks)
+        # On-policy: collection may run ahead of training by one batch and a few chunks (at least
+        # a task), no more.
+        limiter = RateLimiter(
+            1.0, 0, p.batch_steps + max(chunk * cfg.replay.error_buffer_chunks, task)
+        )
         learner = PPOLearner(
             obs_space.shape, obs_space.dtype, num_actions, p, limiter, lag_versions,
             recent_rows=10 * cfg.weights.reference_size, seed=cfg.seed,
@@ -100,8 +106,9 @@ def build_algorithm(
     limiter = RateLimiter(
         spi,
         min_size=r.learning_starts,
-        # Collection may run ahead of training by a few chunks, so neither side idles on the other.
-        error_buffer=spi * chunk * r.error_buffer_chunks,
+        # Collection may run ahead of training by a few chunks, so neither side idles on the other;
+        # sampling stops within a batch of the band's low edge, from where a task must still fit.
+        error_buffer=max(spi * chunk * r.error_buffer_chunks, spi * task + cfg.dqn.batch_size),
     )
     dqn = DQNLearner(int(np.prod(obs_space.shape)), num_actions, cfg.dqn, replay, limiter, cfg.seed)
     w = cfg.weights

@@ -1,7 +1,13 @@
 """Replay ring and samples-per-insert limiter: pure logic, no server."""
 
-import numpy as np
+import dataclasses
 
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from clusterenv.learner.algorithm import build_algorithm
+from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.rate_limiter import RateLimiter
 from clusterenv.learner.replay import ReplayBuffer
 
@@ -54,3 +60,34 @@ def test_limiter_holds_the_ratio():
     # up to its top (target + error): 2 * error / spi = 4 transitions.
     assert lim.can_insert(4) and not lim.can_insert(5)
     assert not lim.can_insert(1, pending=4)
+
+
+@pytest.mark.parametrize(
+    "algo, chunks_per_task, error_buffer_chunks",
+    [("dqn", 1, 4), ("dqn", 8, 4), ("dqn", 4, 1), ("dqn", 1, 0), ("ppo", 8, 4), ("ppo", 4, 0)],
+)
+def test_dispatch_and_training_never_wait_for_each_other(
+    algo, chunks_per_task, error_buffer_chunks
+):
+    """Whole tasks through the limiter `train` builds: with a task larger than the error buffer
+    (8 chunks against 4 once stalled a run at 4k env steps), one side must always be able to move."""
+    cfg = TrainConfig(algo=algo)
+    cfg.dispatch = dataclasses.replace(cfg.dispatch, chunks_per_task=chunks_per_task)
+    cfg.replay.error_buffer_chunks = error_buffer_chunks
+    space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    limiter = build_algorithm(cfg, space, 2, lambda v: 0).learner.limiter
+    task = cfg.collection.chunk_env_steps * chunks_per_task
+    batch = cfg.dqn.batch_size if algo == "dqn" else cfg.ppo.batch_steps
+    for _ in range(200):
+        moved = False
+        if limiter.can_insert(task):  # a task's chunks arrive, every step a transition
+            limiter.on_insert(task)
+            moved = True
+        while (
+            limiter.can_sample(batch)
+            if algo == "dqn"
+            else limiter.inserts - limiter.samples >= batch  # PPO takes whole batches
+        ):
+            limiter.on_sample(batch)
+            moved = True
+        assert moved, f"stalled at {limiter.inserts} inserts, {limiter.samples} samples"
