@@ -68,7 +68,8 @@ class WeightClient(SyncState, Protocol):
 
 
 class TransitionWriter(Protocol):
-    """Worker side: puts one chunk (header + arrays) on the wire; returns the bytes written."""
+    """Worker side: puts one chunk (header + arrays) on the wire, or holds it for the next round
+    trip (pipeline/outbox.py); returns the bytes it makes."""
 
     def write(self, header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> int: ...
 
