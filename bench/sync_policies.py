@@ -97,7 +97,10 @@ def run_one(
     sync = summary["sync_total"]
     return {
         "algo": algo, "env": env, "rule": rule, "seed": seed, "workers": workers,
-        "max_policy_lag": run["config"].get("ppo", {}).get("max_policy_lag"), "run_dir": str(run["dir"]),
+        # PPO's lag limit (DQN rows: None) and the probes' reference states, as the run used them
+        "max_policy_lag": run["config"].get("ppo", {}).get("max_policy_lag") if algo == "ppo" else None,
+        "reference_size": run["config"].get("weights", {}).get("reference_size"),
+        "run_dir": str(run["dir"]),
         "steps_to_solve": solved_at,
         "auc": float(np.mean([r["eval/return_mean"] for r in rows])),
         "weight_bytes_per_worker": sync.get("weight_bytes", 0) / workers,

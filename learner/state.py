@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 RUN_KEYS_EXPIRE_S = 3600
 
 
+def mark_started(client: redis.Redis, keys: RunKeys) -> None:
+    """Set the run's marker: a broker that later lacks it has lost the run's keys (a restart
+    without persistence), whatever the learner has re-written since."""
+    client.set(keys.marker, 1)
+
+
 def mark_stopped(client: redis.Redis, keys: RunKeys) -> None:
     """Set the run's stop key (queued chunks return at once, workers drop its envs) and let its
     keys expire; stream entries nobody will read go with them."""

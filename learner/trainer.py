@@ -34,7 +34,7 @@ from clusterenv.learner.metrics import MetricsWriter
 from clusterenv.learner.progress import Progress
 from clusterenv.learner.publisher import Publisher
 from clusterenv.learner.resume import Resumed, record_run_id, record_version
-from clusterenv.learner.state import checkpoint, mark_stopped, resume_run
+from clusterenv.learner.state import checkpoint, mark_started, mark_stopped, resume_run
 from clusterenv.learner.status import RunStatus
 from clusterenv.pipeline.chunks.dispatcher import Dispatcher
 from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
@@ -208,7 +208,7 @@ class Trainer:
         # Not `weights:latest`: the learner's own next publish may re-create it before this check.
         if self.client.exists(self.keys.marker):
             return
-        self.client.set(self.keys.marker, 1)
+        mark_started(self.client, self.keys)
         lost = self.dispatcher.write_off_in_flight()
         self.evaluation.abandon()
         self.publisher.publish(self.learner.get_weights(), self.learner.updates, new_reference=True)
@@ -249,7 +249,7 @@ class Trainer:
         cfg = self.cfg
         (self.run_dir / "config.json").write_text(cfg.to_json())
         record_run_id(self.run_dir, self.run_id)
-        self.client.set(self.keys.marker, 1)
+        mark_started(self.client, self.keys)
         self.publish()  # the first version: workers act with the untrained (or resumed) network
         self.t0 = time.perf_counter() - self.wall_before
         self.ingest.start()
