@@ -118,7 +118,6 @@ class Trainer:
             self.client, self.keys, send, cfg.env, cfg.env_kwargs, cfg.evaluation.eval_episodes, seed=cfg.seed,
         )  # fmt: skip
         self.accounting = RunAccounting()
-        self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self.status = RunStatus(self.client, self.keys, cfg.env)  # for `clusterenv status`
         # --- the run's progress: evaluations asked for and their results ---
         self.next_eval, self.asked_at = cfg.evaluation.eval_every, -1  # env steps
@@ -247,15 +246,18 @@ class Trainer:
         """Train until solved or out of budget. KeyboardInterrupt (also SIGTERM/SIGHUP via the CLI)
         and RunFailed still write the summary and the final checkpoint before they propagate."""
         cfg = self.cfg
-        (self.run_dir / "config.json").write_text(cfg.to_json())
-        record_run_id(self.run_dir, self.run_id)
-        mark_started(self.client, self.keys)
-        self.publish()  # the first version: workers act with the untrained (or resumed) network
         self.t0 = time.perf_counter() - self.wall_before
-        self.ingest.start()
         self.progress = Progress(cfg.total_steps, cfg.status_every_s, self.status)
         interrupted, failure = False, None
+        # metrics.jsonl appears here, and from here on a signal still ends with a summary and a
+        # final checkpoint (the start-up below is inside the try).
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
         try:
+            (self.run_dir / "config.json").write_text(cfg.to_json())
+            record_run_id(self.run_dir, self.run_id)
+            mark_started(self.client, self.keys)
+            self.publish()  # the first version: workers act with the untrained (or resumed) network
+            self.ingest.start()
             while self.turn():
                 pass
         except KeyboardInterrupt:

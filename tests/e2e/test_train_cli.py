@@ -305,7 +305,9 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, sig):
     tree = Tree(proc)
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("*/metrics.jsonl")) and time.monotonic() < deadline:
-        time.sleep(0.2)  # metrics.jsonl appears once the stack is up and training began
+        # metrics.jsonl appears as the run starts: a signal from then on, even during the start-up
+        # (first publish, ingest), must still leave a summary, so look often and signal at once.
+        time.sleep(0.01)
     tree.look()
     assert "valkey-server" in tree.names() and len(tree.alive()) >= 3  # server, two workers
     proc.send_signal(sig)
