@@ -40,6 +40,3 @@ class Outbox:
         """Send what is held, if anything."""
         if len(self._pipe):
             self._pipe.execute()
-
-    def __len__(self) -> int:
-        return len(self._pipe)
