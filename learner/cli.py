@@ -125,8 +125,24 @@ def parse_train(argv: list[str]) -> TrainConfig:
     return cfg
 
 
-def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+class Interrupted(KeyboardInterrupt):
+    """What a stop signal raises in `clusterenv train`. A subclass, not KeyboardInterrupt itself:
+    CPython remembers a bare KeyboardInterrupt raised inside exec()'d code (dataclasses and
+    namedtuples are built that way, so any late import) and, under `python -m`, then ends the
+    process by SIGINT instead of with the exit code the CLI returns."""
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def stop_on_signals() -> None:
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal) raise Interrupted in the main thread, so
+    each takes the clean path of Ctrl-C. A signal the process was started ignoring (`nohup`
+    ignores SIGHUP) stays ignored, as the caller asked."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _raise_interrupted)
 
 
 def train(cfg: TrainConfig) -> int:
@@ -146,12 +162,9 @@ def train(cfg: TrainConfig) -> int:
         except RedisUnreachable as exc:
             raise CliError(str(exc)) from None
     run_dir, run_id, resumed, lock = _open_run_dir(cfg)
-    # SIGTERM and SIGHUP (a closed terminal) take the same clean path as Ctrl-C: workers and
-    # the embedded server are stopped (after a SIGKILL their parent-death signal does it). A signal
-    # the run was started ignoring (`nohup` ignores SIGHUP) stays ignored, as the caller asked.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, _raise_keyboard_interrupt)
+    # Workers and the embedded server are stopped on the way out (after a SIGKILL, their
+    # parent-death signal does it).
+    stop_on_signals()
     # A learner that seems stuck tells where: `kill -USR1 PID` prints every thread's stack.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:

@@ -23,8 +23,10 @@ class MetricsWriter:
 
     def __init__(self, path: Path):
         self.path = path
-        self._file = path.open("a", buffering=1)
+        # The events writer (it starts a thread) first: metrics.jsonl appearing is the sign
+        # that the writer is whole, which the trainer relies on for a signal at start-up.
         self._events = SummaryWriter(logdir=str(path.parent))
+        self._file = path.open("a", buffering=1)
 
     def write(self, row: dict[str, Any]) -> None:
         clean = {
