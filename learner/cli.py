@@ -60,7 +60,7 @@ class EvalArgs:
     """
 
     checkpoint: tyro.conf.Positional[Path]
-    """a .safetensors checkpoint, or a run directory (its final.safetensors, else the newest in checkpoints/)"""
+    """a .safetensors checkpoint (RUN_DIR/best.safetensors: the best-evaluated network), or a run directory (its final.safetensors, else the newest in checkpoints/)"""
     episodes: int = 10
     """greedy episodes to run"""
     seed: int = 0

@@ -20,7 +20,7 @@ from clusterenv.pipeline.policy import NumpyMLP
 
 # The trainer's checkpoints hold the network the workers act with under one of these prefixes
 # (DQN: the online Q-network, beside `target.`; PPO: the policy, beside `critic.`); the rest of
-# each name is what NumpyMLP reads.
+# each name is what NumpyMLP reads. best.safetensors holds that network alone, unprefixed.
 ACTING_PREFIXES = ("q.", "actor.")
 
 
@@ -54,11 +54,16 @@ def run_config(checkpoint: Path) -> dict[str, Any]:
 def load_policy(checkpoint: Path) -> NumpyMLP:
     # A file that is not safetensors raises CodecError, a ValueError.
     tensors = decode_weights(checkpoint.read_bytes())
+    if tensors and all(k.startswith("layers.") for k in tensors):
+        return NumpyMLP(tensors)
     for prefix in ACTING_PREFIXES:
         acting = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
         if acting:
             return NumpyMLP(acting)
-    raise ValueError(f"{checkpoint} holds no Q-network (q.layers.*) or policy (actor.layers.*)")
+    raise ValueError(
+        f"{checkpoint} holds no Q-network (q.layers.*), policy (actor.layers.*) or acting "
+        "network alone (layers.*)"
+    )
 
 
 def _make_env(env_id: str, env_kwargs: dict[str, Any], video: Path | None) -> gym.Env:

@@ -25,6 +25,7 @@ from kombu.exceptions import OperationalError
 
 from clusterenv.learner.accounting import RunAccounting, id_ranges
 from clusterenv.learner.algorithm import build_algorithm
+from clusterenv.learner.best import BestKeeper
 from clusterenv.learner.checkpoint import Checkpoints, save_checkpoint
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.envs import env_spaces
@@ -123,6 +124,7 @@ class Trainer:
         self.next_eval, self.asked_at = cfg.evaluation.eval_every, -1  # env steps
         self.evals: list[tuple[int, float]] = []  # (env steps, mean return) per evaluation
         self.hits, self.solved = 0, False  # consecutive evaluations at the target; solved yet
+        self.best = BestKeeper(run_dir)  # best.safetensors: the best-evaluated network so far
         self._checked_at = time.monotonic()
         self._chunks_at_eval_request = 0
         self.checkpoints = Checkpoints(run_dir, cfg.checkpoint)
@@ -165,6 +167,7 @@ class Trainer:
             self.publish()
         parts = self.cfg.evaluation.parts(self.dispatcher.slots())
         self.evaluation.request(self.publisher.version, self.accounting.env_steps, parts)
+        self.best.asked(self.publisher.version, self.learner.get_weights())
         self._chunks_at_eval_request = self.reader_stats.chunks
 
     def schedule_eval(self, out_of_work: bool) -> None:
@@ -188,6 +191,7 @@ class Trainer:
             self.evals.append((result.env_steps, mean))
             self._log_eval(result, wall)
             self.progress.evaluated(result.env_steps, mean, result.version, wall)
+            self.best.evaluated(result, mean)
             self.hits = self.hits + 1 if self.target is not None and mean >= self.target else 0
             self.solved = self.solved or self.hits >= self.cfg.evaluation.solve_evals
 
@@ -349,6 +353,7 @@ class Trainer:
             # Which chunk ids reached replay, each once: the evidence a fault test checks.
             "accepted_chunk_ids": id_ranges(self.accepted_chunks),
             "broker_recoveries": acc.broker_recoveries,
+            "best": self.best.chosen,  # what best.safetensors holds: eval mean, env steps, version
             "sync_rule": self.cfg.weights.sync,
             "algo": self.cfg.algo,
             "learner": self.learner.metrics(),

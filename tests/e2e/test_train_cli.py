@@ -152,10 +152,15 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
     assert set(scalars) == {k for r in rows for k, v in r.items() if v is not None} - {"env_steps"}
     assert len(tree.seen) >= 3  # server and two workers were seen below the CLI
     assert_no_survivors(mark, tree)
-    # The run's checkpoint plays back locally.
-    out = subprocess.run(CLI + ["eval", str(run_dir), "--episodes", "2"], capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
-    assert out.returncode == 0 and "over 2 episodes" in out.stdout, out.stderr
+    # best.safetensors holds the network of the best evaluation, which summary.json names.
+    best = max(rows, key=lambda r: r["eval/return_mean"])
+    assert summary["best"]["eval_mean"] == pytest.approx(best["eval/return_mean"])
+    assert summary["best"]["env_steps"] == best["env_steps"]
+    # The run's checkpoints play back locally: the final one and the best one.
+    for target in (run_dir, run_dir / "best.safetensors"):
+        out = subprocess.run(CLI + ["eval", str(target), "--episodes", "2"], capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert out.returncode == 0 and "over 2 episodes" in out.stdout, out.stderr
 
 
 @pytest.mark.slow
