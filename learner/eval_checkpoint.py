@@ -84,8 +84,11 @@ def _make_env(env_id: str, env_kwargs: dict[str, Any], video: Path | None) -> gy
     )
 
 
-def evaluate_checkpoint(path: Path, episodes: int, seed: int, video: Path | None) -> str:
-    """Run the episodes; the line to print. ValueError for anything the user can fix."""
+def greedy_episodes(
+    path: Path, episodes: int, seed: int, video: Path | None = None
+) -> tuple[np.ndarray, str, Path]:
+    """The greedy returns of `episodes` episodes (seeds `seed`, `seed`+1, ...), the env id and the
+    checkpoint file used. ValueError for anything the user can fix."""
     if episodes < 1:
         raise ValueError(f"--episodes must be positive, got {episodes}")
     checkpoint = find_checkpoint(path)
@@ -113,6 +116,12 @@ def evaluate_checkpoint(path: Path, episodes: int, seed: int, video: Path | None
         raise ValueError(f"--video: {exc}") from None
     finally:
         envs.close()  # RecordVideo writes the last episode's file on close
+    return returns, env_id, checkpoint
+
+
+def evaluate_checkpoint(path: Path, episodes: int, seed: int, video: Path | None) -> str:
+    """Run the episodes; the line to print. ValueError for anything the user can fix."""
+    returns, env_id, checkpoint = greedy_episodes(path, episodes, seed, video)
     line = (
         f"{env_id}: greedy return {returns.mean():.1f} ± {returns.std():.1f} over {episodes} "
         f"episodes (seeds {seed}..{seed + episodes - 1}) of {checkpoint}"
