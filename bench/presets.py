@@ -12,6 +12,12 @@ episodes are not). Results are appended run by run (resumable with --resume).
 
     python -m bench.presets                                  # 4 envs x 3 seeds (about an hour)
     python -m bench.presets --envs LunarLander-v3 --seeds 1
+    python -m bench.presets --sb3 --out bench/results/presets_sb3.json   # RL-Zoo's own SB3 DQN
+
+With --sb3 the same envs, budgets and evaluation protocol run Stable-Baselines3 DQN in this
+process with RL-Zoo's hyperparameters (hyperparams/dqn.yml; `pip install -e '.[bench]'`): whether
+the bar is within reach of the settings the presets were mapped from, on this machine. Its rows
+have no fresh episodes (SB3 keeps no best model here).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, mark_start, median, table, train_run, write_results
+from bench.time_to_solve import RL_ZOO_CARTPOLE, Trial, sb3_run
 from clusterenv.learner.eval_checkpoint import greedy_episodes
 from clusterenv.learner.report import first_solve
 
@@ -35,6 +42,25 @@ BARS: dict[str, dict[str, float]] = {
 }
 
 
+# RL-Zoo hyperparams/dqn.yml (LunarLander-v2's entry for v3); CartPole-v1's is bench.time_to_solve's.
+_ZOO_BOX2D_CLASSIC = {
+    "learning_rate": 6.3e-4, "batch_size": 128, "buffer_size": 50_000, "learning_starts": 0,
+    "gamma": 0.99, "target_update_interval": 250, "train_freq": 4, "gradient_steps": -1,
+    "exploration_fraction": 0.12, "exploration_final_eps": 0.1,
+    "policy_kwargs": {"net_arch": [256, 256]},
+}  # fmt: skip
+RL_ZOO: dict[str, dict[str, Any]] = {
+    "CartPole-v1": RL_ZOO_CARTPOLE,
+    "Acrobot-v1": _ZOO_BOX2D_CLASSIC,
+    "LunarLander-v3": _ZOO_BOX2D_CLASSIC,
+    "MountainCar-v0": {
+        "learning_rate": 4e-3, "batch_size": 128, "buffer_size": 10_000, "learning_starts": 1000,
+        "gamma": 0.98, "target_update_interval": 600, "train_freq": 16, "gradient_steps": 8,
+        "exploration_fraction": 0.2, "exploration_final_eps": 0.07,
+        "policy_kwargs": {"net_arch": [256, 256]},
+    },
+}  # fmt: skip
+
 # Seeds of the fresh episodes: small numbers, far below the runs' own evaluation seeds
 # (clusterenv.pipeline.chunks.actor.eval_seeds), so no episode repeats one the run was scored on.
 FRESH_SEED = 1_000
@@ -44,6 +70,21 @@ def run_one(env: str, seed: int, runs_dir: Path, fresh_episodes: int) -> dict[st
     spec = BARS[env]
     flags = ["--env", env, "--seed", str(seed), "--total-steps", str(spec["budget"]), "--target-return", "1e9"]  # fmt: skip
     return result(env, seed, train_run(flags, runs_dir, "preset-"), fresh_episodes)
+
+
+def sb3_one(env: str, seed: int) -> dict[str, Any]:
+    """SB3 DQN with RL-Zoo's settings over the bar's budget: the same row, without fresh episodes."""
+    spec = BARS[env]
+    trial = Trial(env, {}, spec["budget"], 2_000, 10, float("inf"), 1)
+    run = sb3_run(seed, trial, threads=1, params=RL_ZOO[env])
+    evals = [(steps, mean) for steps, _, mean in run["evals"]]
+    first = next((steps for steps, mean in evals if mean >= spec["bar"]), None)
+    best_steps, best = max(evals, key=lambda e: e[1])
+    return {
+        "env": env, "seed": seed, "system": "SB3 DQN", "bar": spec["bar"], "budget": spec["budget"],
+        "first_hit_steps": first, "end_eval": evals[-1][1], "end_eval_steps": evals[-1][0],
+        "best_eval": best, "best_eval_steps": best_steps, "wall_s": run["wall_s"],
+    }  # fmt: skip
 
 
 def result(env: str, seed: int, run: dict[str, Any], fresh_episodes: int) -> dict[str, Any]:
@@ -57,7 +98,7 @@ def result(env: str, seed: int, run: dict[str, Any], fresh_episodes: int) -> dic
         for name in ("final", "best")
     }  # fmt: skip
     return {
-        "env": env, "seed": seed, "bar": spec["bar"], "budget": spec["budget"],
+        "env": env, "seed": seed, "system": "clusterenv", "bar": spec["bar"], "budget": spec["budget"],
         "first_hit_steps": first, "end_eval": evals[-1], "end_eval_steps": run["rows"][-1]["env_steps"],
         "best_eval": max(evals), "best_eval_steps": run["summary"]["best"]["env_steps"],
         "fresh_episodes": fresh_episodes, "final_fresh": fresh["final"], "best_fresh": fresh["best"],
@@ -71,6 +112,7 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         mine = [r for r in runs if r["env"] == env]
         bar = mine[0]["bar"]
         hits = [r["first_hit_steps"] for r in mine if r["first_hit_steps"] is not None]
+        fresh = [r["best_fresh"] for r in mine if "best_fresh" in r]
         out.append({
             "env": env, "bar": bar, "budget": mine[0]["budget"], "seeds": len(mine),
             "reached_bar": f"{len(hits)}/{len(mine)}",
@@ -78,8 +120,8 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "above_bar_at_end": f"{sum(r['end_eval'] >= bar for r in mine)}/{len(mine)}",
             "median_end_eval": median([r["end_eval"] for r in mine]),
             "median_best_eval": median([r["best_eval"] for r in mine]),
-            "best_fresh_above_bar": f"{sum(r['best_fresh'] >= bar for r in mine)}/{len(mine)}",
-            "median_best_fresh": median([r["best_fresh"] for r in mine]),
+            "best_fresh_above_bar": f"{sum(f >= bar for f in fresh)}/{len(fresh)}" if fresh else None,
+            "median_best_fresh": median(fresh) if fresh else None,
         })  # fmt: skip
     return out
 
@@ -91,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "presets.json")
     p.add_argument("--runs-dir", type=Path, default=Path("runs/bench-presets"))
     p.add_argument("--resume", action="store_true", help="keep runs already in --out")
+    p.add_argument("--sb3", action="store_true", help="run SB3 DQN with RL-Zoo's settings instead")
     p.add_argument("--fresh-episodes", type=int, default=30,
                    help="episodes of final.safetensors and best.safetensors after each run")  # fmt: skip
     args = p.parse_args(argv)
@@ -106,14 +149,18 @@ def main(argv: list[str] | None = None) -> int:
         for seed in (int(s) for s in args.seeds.split(",")):
             if (env, seed) in done:
                 continue
-            r = run_one(env, seed, args.runs_dir, args.fresh_episodes)
+            if args.sb3:
+                r = sb3_one(env, seed)
+            else:
+                r = run_one(env, seed, args.runs_dir, args.fresh_episodes)
             runs.append(r)
-            print(f"{env} seed {seed}: first >= {r['bar']} at {r['first_hit_steps']}, "
-                  f"end {r['end_eval']:.1f}, best {r['best_eval']:.1f}, fresh: final "
-                  f"{r['final_fresh']:.1f}, best {r['best_fresh']:.1f}; {r['wall_s']:.0f} s", flush=True)  # fmt: skip
+            fresh = (f", fresh: final {r['final_fresh']:.1f}, best {r['best_fresh']:.1f}"
+                     if "best_fresh" in r else "")  # fmt: skip
+            print(f"{env} seed {seed} ({r['system']}): first >= {r['bar']} at {r['first_hit_steps']}, "
+                  f"end {r['end_eval']:.1f}, best {r['best_eval']:.1f}{fresh}; {r['wall_s']:.0f} s", flush=True)  # fmt: skip
             write_results("presets", {"runs": runs, "summary": summarise(runs)}, args.out)
-    cols = ["env", "seed", "first_hit_steps", "end_eval", "end_eval_steps", "best_eval",
-            "best_eval_steps", "final_fresh", "best_fresh", "wall_s"]  # fmt: skip
+    cols = ["env", "seed", "system", "first_hit_steps", "end_eval", "end_eval_steps", "best_eval",
+            "best_eval_steps", *(["final_fresh", "best_fresh"] if not args.sb3 else []), "wall_s"]  # fmt: skip
     print(table(runs, cols))
     print()
     summary = summarise(runs)

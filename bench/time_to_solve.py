@@ -155,8 +155,10 @@ def sb3_run(
     seed: int,
     trial: Trial,
     threads: int,
+    params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """SB3 DQN with the RL-Zoo settings, stopped at the first of `solve_evals` evals >= target."""
+    """SB3 DQN with RL-Zoo's settings (`params`; by default CartPole-v1's, exploration rescaled to
+    the budget), stopped at the first of `solve_evals` evals >= target."""
     import torch
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
@@ -193,11 +195,12 @@ def sb3_run(
             return self.run < trial.solve_evals
 
     train_env = make_vec_env(trial.env, n_envs=1, seed=seed, env_kwargs=trial.env_kwargs)
-    params = RL_ZOO_CARTPOLE | {
-        "exploration_fraction": min(
-            1.0, RL_ZOO_CARTPOLE["exploration_fraction"] * RL_ZOO_TIMESTEPS / trial.budget
-        )
-    }
+    if params is None:
+        params = RL_ZOO_CARTPOLE | {
+            "exploration_fraction": min(
+                1.0, RL_ZOO_CARTPOLE["exploration_fraction"] * RL_ZOO_TIMESTEPS / trial.budget
+            )
+        }
     model = DQN("MlpPolicy", train_env, seed=seed, device="cpu", verbose=0, **params)
     cb = SolveCallback()
     cb.t0 = time.perf_counter()
