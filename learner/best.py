@@ -30,6 +30,8 @@ BEST = "best"
 
 
 class BestKeeper:
+    """The run's best.safetensors and the evaluation that chose it (`chosen`, None until one has)."""
+
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.path = run_dir / f"{BEST}.safetensors"
