@@ -163,11 +163,12 @@ class Trainer:
 
     def request_eval(self) -> None:
         """Ask the workers to evaluate the current weights (published first if they are new)."""
+        weights = self.learner.get_weights()
         if self.publisher.updates_at_version.get(self.publisher.version) != self.learner.updates:
-            self.publish()
+            self.publisher.publish(weights, self.learner.updates)
         parts = self.cfg.evaluation.parts(self.dispatcher.slots())
         self.evaluation.request(self.publisher.version, self.accounting.env_steps, parts)
-        self.best.asked(self.publisher.version, self.learner.get_weights())
+        self.best.asked(self.publisher.version, weights)
         self._chunks_at_eval_request = self.reader_stats.chunks
 
     def schedule_eval(self, out_of_work: bool) -> None:

@@ -24,6 +24,7 @@ from clusterenv.learner.metrics import read_metrics
 from clusterenv.pipeline.cluster.embedded import LocalWorkers
 from clusterenv.pipeline.sync.rules import DEFAULT_SYNC
 from tests.servers import PrivateRedis
+from tests.signals import default_stop_signals
 from tests.tfevents import read_scalars
 
 CLI = [sys.executable, "-m", "clusterenv.learner.cli"]
@@ -79,13 +80,6 @@ def wait_watching(proc: subprocess.Popen, tree: Tree, timeout_s: float) -> str:
     return proc.stderr.read()
 
 
-def _default_stop_signals() -> None:
-    # A shell starting pytest in the background (or under nohup) makes SIGINT/SIGHUP ignored,
-    # and ignored signals are inherited: the CLI under test must see them as a terminal sends them.
-    for sig in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-
-
 def start_cli(args: list[str], mark: str) -> subprocess.Popen:
     env = {**os.environ, "CLUSTERENV_TEST_MARK": mark}
     return subprocess.Popen(
@@ -94,7 +88,7 @@ def start_cli(args: list[str], mark: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_default_stop_signals,
+        preexec_fn=default_stop_signals,
     )
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.signals import default_stop_signals
 
 # A signal that lands while exec()'d code runs (as when a late import builds a dataclass) and is
 # caught: the process must still exit with the code it returns, not die by SIGINT.
@@ -32,18 +33,13 @@ CHILD = textwrap.dedent(
 )
 
 
-def _default_stop_signals() -> None:
-    for sig in (signal.SIGINT, signal.SIGHUP):  # as a terminal would have them
-        signal.signal(sig, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_stop_signal_inside_exec_code_still_exits_130_under_python_m(tmp_path: Path, sig):
     (tmp_path / "child_under_m.py").write_text(CHILD.format(sig=sig))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     proc = subprocess.run(
         [sys.executable, "-m", "child_under_m"], env=env, capture_output=True, text=True,
-        timeout=60, preexec_fn=_default_stop_signals,
+        timeout=60, preexec_fn=default_stop_signals,
     )  # fmt: skip
     assert proc.returncode == 130, proc.stderr
 
