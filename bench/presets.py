@@ -66,10 +66,15 @@ RL_ZOO: dict[str, dict[str, Any]] = {
 FRESH_SEED = 1_000
 
 
-def run_one(env: str, seed: int, runs_dir: Path, fresh_episodes: int) -> dict[str, Any]:
+def run_one(
+    env: str, seed: int, runs_dir: Path, fresh_episodes: int, variant: str = ""
+) -> dict[str, Any]:
+    """The preset's run, with a variant's flags added (`variant`: flags as one string)."""
     spec = BARS[env]
     flags = ["--env", env, "--seed", str(seed), "--total-steps", str(spec["budget"]), "--target-return", "1e9"]  # fmt: skip
-    return result(env, seed, train_run(flags, runs_dir, "preset-"), fresh_episodes)
+    return result(
+        env, seed, train_run(flags + variant.split(), runs_dir, "preset-"), fresh_episodes
+    )
 
 
 def sb3_one(env: str, seed: int) -> dict[str, Any]:
@@ -108,13 +113,13 @@ def result(env: str, seed: int, run: dict[str, Any], fresh_episodes: int) -> dic
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    for env in dict.fromkeys(r["env"] for r in runs):
-        mine = [r for r in runs if r["env"] == env]
+    for env, system in dict.fromkeys((r["env"], r["system"]) for r in runs):
+        mine = [r for r in runs if r["env"] == env and r["system"] == system]
         bar = mine[0]["bar"]
         hits = [r["first_hit_steps"] for r in mine if r["first_hit_steps"] is not None]
         fresh = [r["best_fresh"] for r in mine if "best_fresh" in r]
         out.append({
-            "env": env, "bar": bar, "budget": mine[0]["budget"], "seeds": len(mine),
+            "env": env, "system": system, "bar": bar, "budget": mine[0]["budget"], "seeds": len(mine),
             "reached_bar": f"{len(hits)}/{len(mine)}",
             "median_first_hit": median(hits) if len(hits) == len(mine) else None,
             "above_bar_at_end": f"{sum(r['end_eval'] >= bar for r in mine)}/{len(mine)}",
@@ -134,25 +139,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs-dir", type=Path, default=Path("runs/bench-presets"))
     p.add_argument("--resume", action="store_true", help="keep runs already in --out")
     p.add_argument("--sb3", action="store_true", help="run SB3 DQN with RL-Zoo's settings instead")
-    p.add_argument("--fresh-episodes", type=int, default=30,
-                   help="episodes of final.safetensors and best.safetensors after each run")  # fmt: skip
+    p.add_argument(
+        "--fresh-episodes",
+        type=int,
+        default=30,
+        help="episodes of final.safetensors and best.safetensors after each run",
+    )
+    p.add_argument("--variant", action="append", default=[],
+                   help="train flags added to the preset (repeatable; each seed runs the preset, "
+                        "then each variant), e.g. --variant='--lr-end 0'")  # fmt: skip
     args = p.parse_args(argv)
     mark_start()
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     if args.resume and args.out.exists():
         runs = json.loads(args.out.read_text())["runs"]
-    done = {(r["env"], r["seed"]) for r in runs}
+    if args.sb3 and args.variant:
+        p.error("--variant applies to clusterenv runs, not --sb3")
+    done = {(r["env"], r["seed"], r["system"]) for r in runs}
     for env in args.envs.split(","):
         if env not in BARS:
             p.error(f"--envs: no bar for {env!r}; known: {', '.join(BARS)}")
-        for seed in (int(s) for s in args.seeds.split(",")):
-            if (env, seed) in done:
+        for seed, variant in (
+            (int(s), v) for s in args.seeds.split(",") for v in ["", *args.variant]
+        ):
+            system = "SB3 DQN" if args.sb3 else f"clusterenv {variant}".strip()
+            if (env, seed, system) in done:
                 continue
             if args.sb3:
                 r = sb3_one(env, seed)
             else:
-                r = run_one(env, seed, args.runs_dir, args.fresh_episodes)
+                r = run_one(env, seed, args.runs_dir, args.fresh_episodes, variant)
+            r["system"] = system
             runs.append(r)
             fresh = (f", fresh: final {r['final_fresh']:.1f}, best {r['best_fresh']:.1f}"
                      if "best_fresh" in r else "")  # fmt: skip

@@ -2,7 +2,8 @@
 
 The trainer, dispatch, stream, weights, sync, evaluation and accounting see only `Algorithm`: the
 learner behind the `Learner` interface, the extra arrays its chunks carry, how workers act, how
-often a version is published and the ε the workers are asked to explore with.
+often a version is published, the ε the workers are asked to explore with and the learning rate
+as collection goes on.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Algorithm:
     publish_every: int  # learner updates between published versions
     epsilon: Callable[[int], float]  # the exploration ε of chunks dispatched at an env-step count
     max_lag_versions: int  # the APS version guard the workers are sent (0: none)
+    lr: Callable[[int], float]  # the learner's learning rate at an env-step count
     extra_specs: dict[str, ArraySpec] = field(default_factory=dict)  # arrays beyond transitions
 
 
@@ -100,7 +102,7 @@ def build_algorithm(
             guard = min(guard, half) if guard else half
         # Every PPO update is a version: lag in versions is lag in policy updates.
         return Algorithm(learner, "categorical", 1, lambda steps: 0.0, guard,
-                         {"logp": ArraySpec("<f4", ())})  # fmt: skip
+                         lambda steps: p.ppo_lr, {"logp": ArraySpec("<f4", ())})  # fmt: skip
     r, spi = cfg.replay, cfg.replay.samples_per_insert
     replay = ReplayBuffer(r.buffer_size, obs_space.shape, obs_space.dtype)
     limiter = RateLimiter(
@@ -113,5 +115,6 @@ def build_algorithm(
     dqn = DQNLearner(int(np.prod(obs_space.shape)), num_actions, cfg.dqn, replay, limiter, cfg.seed)
     w = cfg.weights
     return Algorithm(
-        dqn, "epsilon_greedy", w.publish_every, cfg.collection.epsilon, w.max_lag_versions
-    )
+        dqn, "epsilon_greedy", w.publish_every, cfg.collection.epsilon, w.max_lag_versions,
+        lambda steps: cfg.dqn.lr_at(steps, cfg.total_steps),
+    )  # fmt: skip

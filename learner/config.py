@@ -97,6 +97,9 @@ def hidden_sizes(text: str, flag: str) -> list[int]:
 class DQNConfig:
     lr: float = 2.3e-3
     """Adam learning rate"""
+    lr_end: float | None = None
+    """learning rate reached at --total-steps env steps, linearly from --lr (RL-Zoo's lin_
+    schedules); default: --lr throughout"""
     batch_size: int = 64
     """minibatch size"""
     gamma: float = 0.99
@@ -112,6 +115,13 @@ class DQNConfig:
 
     def hidden_sizes(self) -> list[int]:
         return hidden_sizes(self.hidden, "hidden")
+
+    def lr_at(self, env_steps: int, total_steps: int) -> float:
+        """The learning rate once `env_steps` of the run's `total_steps` are collected."""
+        if self.lr_end is None:
+            return self.lr
+        frac = min(1.0, env_steps / max(1, total_steps))
+        return self.lr + frac * (self.lr_end - self.lr)
 
 
 @dataclass
@@ -289,6 +299,8 @@ class TrainConfig:
             raise ValueError(f"--gamma must be in (0, 1], got {self.dqn.gamma}")
         if self.dqn.lr <= 0 or self.replay.samples_per_insert <= 0:
             raise ValueError("--lr and --samples-per-insert must be positive")
+        if self.dqn.lr_end is not None and not self.dqn.lr_end >= 0.0:  # NaN too
+            raise ValueError(f"--lr-end must be >= 0, got {self.dqn.lr_end}")
         if self.evaluation.eval_tasks < 0:
             raise ValueError(f"--eval-tasks must be >= 0, got {self.evaluation.eval_tasks}")
         if self.replay.error_buffer_chunks < 0:

@@ -151,6 +151,9 @@ class Trainer:
     def train(self) -> int:
         """Up to `updates_per_turn` learner updates, as far as the data (rate limiter, PPO's queue)
         allows."""
+        lr = self.algo.lr(self.accounting.env_steps)
+        for group in self.learner.optimizer.param_groups:
+            group["lr"] = lr
         done = 0
         while done < self.cfg.replay.updates_per_turn and self.learner.step():
             done += 1
@@ -316,6 +319,7 @@ class Trainer:
             "charts/episodic_return": acc.recent_return(),
             **self.learner.metrics(),
             "learner/updates": self.learner.updates,
+            "learner/lr": self.learner.optimizer.param_groups[0]["lr"],
             "learner/policy_version": self.publisher.version,
             "pipeline/chunks": self.reader_stats.chunks,
             "pipeline/duplicates": self.reader_stats.duplicates,

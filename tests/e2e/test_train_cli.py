@@ -112,7 +112,7 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
     mark = uuid.uuid4().hex
     proc = start_cli(
         ["train", "--total-steps", "4000", "--eval-every", "1500", "--workers", "2",
-         "--run-dir", str(tmp_path)], mark,
+         "--lr-end", "0", "--run-dir", str(tmp_path)], mark,
     )  # fmt: skip
     tree = Tree(proc)
     err = wait_watching(proc, tree, 240)
@@ -138,6 +138,9 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
     assert summary["ingest"]["rejected"] == 0
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert rows and all("eval/return_mean" in r for r in rows)
+    # --lr-end 0: the learning rate falls from --lr towards 0 as env steps are collected.
+    lrs = [r["learner/lr"] for r in rows]
+    assert lrs == sorted(lrs, reverse=True) and 0 <= lrs[-1] < lrs[0] < 2.3e-3, lrs
     # TensorBoard beside it: every numeric key of the rows, at the same env steps and values.
     scalars = read_scalars(run_dir)
     for key in ("eval/return_mean", "learner/updates", "pipeline/weight_fetches"):
@@ -380,6 +383,7 @@ def _text(path: Path) -> str:
     [
         (["--env", "NoSuchEnv-v9"], "NoSuchEnv-v9"),
         (["--total-steps", "-5"], "--total-steps must be positive"),
+        (["--lr-end", "-1e-4"], "--lr-end must be >= 0"),
         (["--redis-url", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
         (["--sync", "sometimes"], "unknown sync policy 'sometimes'"),
         (["--env", "Pendulum-v1"], "Discrete action space"),

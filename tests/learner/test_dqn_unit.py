@@ -185,3 +185,11 @@ def test_plain_dqn_bootstraps_on_the_target_nets_max():
         targets[double] = learner.update(batch)
     assert targets[True] == pytest.approx(abs(0.99 * 1.0 - 5.0) - 0.5, rel=1e-4)
     assert targets[False] == pytest.approx(abs(0.99 * 9.0 - 5.0) - 0.5, rel=1e-4)
+
+
+def test_lr_falls_linearly_to_lr_end_over_the_budget_and_stays_there():
+    cfg = DQNConfig(lr=1e-3, lr_end=1e-4)
+    assert [cfg.lr_at(s, 1000) for s in (0, 500, 1000, 5000)] == pytest.approx(
+        [1e-3, 5.5e-4, 1e-4, 1e-4]
+    )
+    assert DQNConfig(lr=1e-3).lr_at(999, 1000) == 1e-3  # no --lr-end: constant
