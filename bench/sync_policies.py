@@ -53,7 +53,8 @@ RULES = {
     ],
 }  # fmt: skip
 
-# Per algorithm and env: budget, solved level, and flags on top of the defaults.
+# Per algorithm and env: budget, solved level, and flags on top of the env's preset
+# (learner/presets.toml, which `train --env` applies).
 ENVS: dict[str, dict[str, dict[str, Any]]] = {
     "dqn": {
         "CartPole-v1": {"budget": 50_000, "solved": 475.0, "flags": []},
@@ -63,7 +64,8 @@ ENVS: dict[str, dict[str, dict[str, Any]]] = {
             "flags": ["--lr", "6.3e-4", "--eps-decay-steps", "10000", "--eps-end", "0.05"],
         },
     },
-    # CleanRL's PPO defaults throughout; budgets not yet tuned by a run of this grid.
+    # CleanRL's PPO defaults, but LunarLander-v3, whose preset takes RL-Zoo's PPO settings (with
+    # CleanRL's it did not learn within 1M env steps: docs/benchmarks.md).
     "ppo": {
         "CartPole-v1": {"budget": 150_000, "solved": 475.0, "flags": []},
         "Acrobot-v1": {"budget": 200_000, "solved": -100.0, "flags": []},
