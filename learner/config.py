@@ -97,9 +97,9 @@ def hidden_sizes(text: str, flag: str) -> list[int]:
 class DQNConfig:
     lr: float = 2.3e-3
     """Adam learning rate"""
-    lr_end: float | None = None
+    lr_end: Annotated[float | None, arg(help_behavior_hint="(default: --lr throughout)")] = None
     """learning rate reached at --total-steps env steps, linearly from --lr (RL-Zoo's lin_
-    schedules); default: --lr throughout"""
+    schedules)"""
     batch_size: int = 64
     """minibatch size"""
     gamma: float = 0.99

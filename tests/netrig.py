@@ -38,6 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from clusterenv.pipeline.cluster.embedded import LocalWorkers, _die_with_parent
+from tests.signals import default_stop_signals
+
+
+def _child_setup() -> None:
+    """preexec_fn: the child dies with this process and sees SIGINT as a terminal sends it (a test
+    stops a learner with SIGINT even when pytest itself runs in the background)."""
+    _die_with_parent()
+    default_stop_signals()
+
 
 SUBNET = "10.231.7"  # a /24 that exists only on the rig's bridge
 REDIS_PORT, PROXY_PORT = 6379, 6380
@@ -168,7 +177,7 @@ class NetRig:
         try:
             proc = subprocess.Popen(
                 [*host.exec(), *argv], stdout=kw.pop("stdout", out), stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup,
                 cwd=REPO_ROOT, **kw,
             )  # fmt: skip
         finally:
