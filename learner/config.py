@@ -58,8 +58,7 @@ class CollectionConfig:
         return self.envs_per_worker * self.chunk_steps
 
     def epsilon(self, env_steps: int) -> float:
-        frac = min(1.0, env_steps / max(1, self.eps_decay_steps))
-        return self.eps_start + frac * (self.eps_end - self.eps_start)
+        return linear(self.eps_start, self.eps_end, env_steps, self.eps_decay_steps)
 
 
 @dataclass
@@ -80,6 +79,11 @@ class WeightSyncConfig:
     """seconds a published version (weights, probe, reference) stays on the broker"""
     weights_kept: int = 64
     """published versions kept; older ones are deleted (a worker holding one then fetches)"""
+
+
+def linear(start: float, end: float, steps: int, over: int) -> float:
+    """From `start` at 0 steps to `end` at `over` steps, and `end` after (ε's and lr's schedules)."""
+    return start + min(1.0, steps / max(1, over)) * (end - start)
 
 
 def hidden_sizes(text: str, flag: str) -> list[int]:
@@ -120,8 +124,7 @@ class DQNConfig:
         """The learning rate once `env_steps` of the run's `total_steps` are collected."""
         if self.lr_end is None:
             return self.lr
-        frac = min(1.0, env_steps / max(1, total_steps))
-        return self.lr + frac * (self.lr_end - self.lr)
+        return linear(self.lr, self.lr_end, env_steps, total_steps)
 
 
 @dataclass
