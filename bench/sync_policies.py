@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -266,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="--reference-size (states a probe covers) for every run; results to files suffixed _refN",
     )
+    p.add_argument(
+        "--flags",
+        default="",
+        help="more `clusterenv train` flags for every run (quoted, e.g. '--ppo-clip-center learner'); "
+        "needs --out, and per-run results then go to the folder named like --out",
+    )
     p.add_argument("--out", type=Path, help="summary (default: results/sync_policies[_ppo].json)")
     p.add_argument(
         "--runs-out",
@@ -295,11 +302,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference_size is not None:
         extra += ["--reference-size", str(args.reference_size)]
         suffix += f"_ref{args.reference_size}"
+    if args.flags:
+        if args.out is None:
+            p.error(
+                "--flags needs --out: runs with other flags must not mix with the default files"
+            )
+        extra += shlex.split(args.flags)
     envs = args.envs.split(",") if args.envs else list(ENVS[algo])
     rules = args.rules.split(",") if args.rules else RULES[algo]
     budget = {env: args.budget or ENVS[algo][env]["budget"] for env in envs}
     out = args.out or RESULTS_DIR / f"sync_policies{suffix}.json"
-    runs_out = args.runs_out or RESULTS_DIR / f"sync_policies{suffix}"
+    runs_out = args.runs_out or (
+        out.with_suffix("") if args.flags else RESULTS_DIR / f"sync_policies{suffix}"
+    )
     plot_path = args.plot or Path(f"docs/img/sync_tradeoff{suffix}.png")
     seeds = [int(s) for s in args.seeds.split(",")]
     args.runs_dir.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,9 @@ ingest thread queues whole chunks here (`insert`); `step()` is one PPO update:
 2. values from the learner's *current* critic on obs and next_obs; GAE per actor env inside
    each chunk (`gae`): truncation bootstraps on V(final obs), termination does not;
 3. `update_epochs` passes of `num_minibatches` Adam steps on `ppo_loss`, whose ratio is
-   π_θ(a|s) / π_behaviour(a|s) with the behaviour log-prob the worker recorded.
+   π_θ(a|s) / π_behaviour(a|s) with the behaviour log-prob the worker recorded — or, with
+   `--ppo-clip-center learner`, π_θ / π_learner (the policy at the start of the update), each row
+   weighted by π_learner / π_behaviour truncated at 1 (decoupled PPO).
 
 Only the policy network is published (names `layers.{i}.*`, what pipeline.policy.NumpyMLP reads);
 the critic stays here. docs/architecture.md (PPO) says why.
@@ -72,7 +74,7 @@ class LossParts:
     policy_loss: float
     value_loss: float
     entropy: float
-    approx_kl: float  # of π_θ from the behaviour policy, on this minibatch
+    approx_kl: float  # of π_θ from the ratio's centre (behaviour or learner), on this minibatch
     clipfrac: float
 
 
@@ -84,17 +86,25 @@ def ppo_loss(
 ) -> LossParts:
     """CleanRL's loss, with the ratio taken against `mb["logp"]`, the log-prob of the policy the
     worker acted with (not the learner's policy at the start of the update: the two differ by
-    the chunk's lag)."""
+    the chunk's lag).
+
+    With `ppo_clip_center == "learner"` the ratio is taken against `mb["logp_learner"]`, the
+    learner's policy at the start of the update, and each row's clipped term is weighted by
+    min(1, π_learner / π_behaviour): Hilton et al.'s decoupled objective with IMPALA's truncation.
+    Clipping then bounds how far this update moves the learner, whatever the chunk's lag; with no
+    lag the two centres are the same policy and so are the losses."""
     logp_all = torch.log_softmax(logits, dim=1)
     logp = logp_all.gather(1, mb["action"].unsqueeze(1)).squeeze(1)
-    log_ratio = logp - mb["logp"]
+    decoupled = cfg.ppo_clip_center == "learner"
+    log_ratio = logp - (mb["logp_learner"] if decoupled else mb["logp"])
     ratio = log_ratio.exp()
     adv = mb["advantages"]
     if cfg.norm_adv and len(adv) > 1:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    pg_loss = torch.max(
-        -adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)
-    ).mean()
+    surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef))
+    if decoupled:
+        surrogate = (mb["logp_learner"] - mb["logp"]).exp().clamp(max=1.0) * surrogate
+    pg_loss = surrogate.mean()
     if cfg.clip_vloss:
         clipped = mb["values"] + (values - mb["values"]).clamp(-cfg.clip_coef, cfg.clip_coef)
         v_loss = (
@@ -200,11 +210,16 @@ class PPOLearner:
         parts: dict[str, list[np.ndarray]] = {}
         for chunk in batch:
             a = chunk.arrays
+            obs = torch.tensor(a["obs"], dtype=torch.float32)
             with torch.no_grad():
-                value = self.critic(torch.tensor(a["obs"], dtype=torch.float32)).squeeze(1)
+                value = self.critic(obs).squeeze(1)
                 next_value = self.critic(torch.tensor(a["next_obs"], dtype=torch.float32)).squeeze(
                     1
                 )
+                # the learner's policy before this update: decoupled PPO's clip centre
+                logp_learner = torch.log_softmax(self.actor(obs), dim=1)[
+                    np.arange(len(obs)), a["action"]
+                ]
             value, next_value = (
                 value.numpy().astype(np.float64),
                 next_value.numpy().astype(np.float64),
@@ -212,11 +227,12 @@ class PPOLearner:
             adv, ret = gae(a["reward"].astype(np.float64), value, next_value, a["terminated"],
                            a["truncated"], a["env_index"], self.cfg.ppo_gamma, self.cfg.gae_lambda)  # fmt: skip
             for name, column in (("obs", a["obs"]), ("action", a["action"]), ("logp", a["logp"]),
-                                 ("values", value), ("advantages", adv), ("returns", ret)):  # fmt: skip
+                                 ("logp_learner", logp_learner.numpy()), ("values", value),
+                                 ("advantages", adv), ("returns", ret)):  # fmt: skip
                 parts.setdefault(name, []).append(column)
         out = {k: torch.as_tensor(np.concatenate(v)) for k, v in parts.items()}
         out["obs"] = out["obs"].float().reshape(len(out["action"]), -1)
-        for name in ("logp", "values", "advantages", "returns"):
+        for name in ("logp", "logp_learner", "values", "advantages", "returns"):
             out[name] = out[name].float()
         return out
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from clusterenv.learner.config import PPOConfig
-from clusterenv.learner.ppo import PPOLearner, gae, ppo_loss
+from clusterenv.learner.ppo import PPOLearner, QueuedChunk, gae, ppo_loss
 from clusterenv.learner.rate_limiter import RateLimiter
 
 
@@ -31,6 +31,31 @@ def test_ratio_is_taken_against_the_behaviour_log_probs():
     # Against the learner's own policy every ratio would be 1 and the loss -mean(A) = 0: not it.
     assert parts.policy_loss != pytest.approx(float(-adv.mean()), abs=1e-3)
     assert parts.clipfrac == pytest.approx(1.0)  # all three ratios lie outside [0.8, 1.2]
+
+
+def test_decoupled_clip_centres_on_the_learner_and_weights_by_the_truncated_behaviour_ratio():
+    cfg = PPOConfig(norm_adv=False, clip_coef=0.2, ent_coef=0.0, vf_coef=0.0)
+    logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0], [0.0, 0.0]])  # π_θ: ½, ¾, ½
+    action = torch.tensor([0, 0, 1])
+    behaviour = torch.tensor([0.4, 0.5, 0.8])  # the worker's (stale) policy
+    learner = torch.tensor([0.45, 0.7, 0.6])  # the learner's policy at the start of the update
+    adv = torch.tensor([1.0, 1.0, -2.0])
+    mb = {"action": action, "logp": behaviour.log(), "logp_learner": learner.log(),
+          "advantages": adv, "values": torch.zeros(3), "returns": torch.zeros(3)}  # fmt: skip
+    decoupled = PPOConfig(**{**cfg.__dict__, "ppo_clip_center": "learner"})
+    parts = ppo_loss(logits, torch.zeros(3), mb, decoupled)
+    ratio = np.array([0.5, 0.75, 0.5]) / learner.numpy()  # 1.11, 1.07, 0.83: inside the clip
+    weight = np.minimum(1.0, (learner / behaviour).numpy())  # 1 (1.125 truncated), 1, 0.75
+    a = adv.numpy()
+    expected = (weight * np.maximum(-a * ratio, -a * ratio.clip(0.8, 1.2))).mean()
+    assert parts.policy_loss == pytest.approx(expected, rel=1e-5)
+    assert parts.clipfrac == pytest.approx(0.0)  # against the behaviour policy all three clip
+    assert ppo_loss(logits, torch.zeros(3), mb, cfg).clipfrac == pytest.approx(1.0)
+    # Without lag the learner is the behaviour policy: the two objectives agree.
+    mb["logp"] = mb["logp_learner"]
+    same = ppo_loss(logits, torch.zeros(3), mb, cfg).policy_loss
+    assert parts.policy_loss != pytest.approx(same, rel=1e-3)
+    assert ppo_loss(logits, torch.zeros(3), mb, decoupled).policy_loss == pytest.approx(same)
 
 
 def test_gradient_flows_through_the_clipped_ratio_only_where_it_is_unclipped():
@@ -106,6 +131,24 @@ def test_a_chunk_past_the_max_lag_is_dropped_and_counted():
     assert learner.metrics()["pipeline/stale_chunks_dropped"] == 2
     # The dropped rows are written off in the limiter: collection may replace them.
     assert limiter.inserts == 112 and limiter.samples == 112
+
+
+def test_the_decoupled_centre_is_the_learners_policy_before_the_update():
+    cfg = PPOConfig(batch_steps=32, ppo_clip_center="learner")
+    learner = PPOLearner((4,), np.dtype(np.float32), 2, cfg, RateLimiter(1.0, 0, 10_000),
+                         lambda version: 0, recent_rows=64, seed=0)  # fmt: skip
+    header, arrays = chunk(32, version=0)
+    data = learner._prepare([QueuedChunk(0, arrays)])
+    logits = learner.actor(torch.as_tensor(arrays["obs"]))
+    want = torch.log_softmax(logits, dim=1)[torch.arange(32), torch.as_tensor(arrays["action"])]
+    torch.testing.assert_close(data["logp_learner"], want.detach())
+    assert not torch.allclose(data["logp_learner"], data["logp"])  # the worker's: log ½ each
+    before = [p.detach().clone() for p in learner.actor.parameters()]
+    learner.insert(header, arrays)
+    assert learner.step()
+    assert any(
+        not torch.equal(a, b) for a, b in zip(before, learner.actor.parameters(), strict=True)
+    )
 
 
 def test_published_weights_are_the_policy_network_the_workers_read():
