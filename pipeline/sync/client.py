@@ -3,7 +3,8 @@
 Per chunk the client reads `latest`, whether its own version is still stored and whether the run
 has stopped (one round trip, which also carries the previous chunk's XADD: pipeline/outbox.py);
 its rule then decides whether to fetch the full weights. APS rules first read the newer version's
-probe (and the reference states it was computed on, when they changed) to measure divergence.
+probe (and the reference states it was computed on, when they changed) to measure divergence,
+once per pair of held and newest version.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ class RedisWeightClient:
         self.rejected_reasons: dict[str, int] = {}
         self._fetched_at = time.monotonic()
         self._reference: tuple[int, np.ndarray] | None = None
+        # The last measurement, keyed by what it depends on: a worker that stays behind the same
+        # newer version (PPO: most chunks between two updates) does not re-read its probe.
+        self._measured: tuple[tuple[int | None, int, float, str], float] | None = None
 
     def sync(self, epsilon: float) -> NumpyMLP | None:
         """The per-chunk sync check; returns the policy to act with for the next chunk, or None
@@ -121,7 +125,12 @@ class RedisWeightClient:
 
     def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None:
         """D between the held policy and `version`, from that version's probe; None if no usable
-        probe (the rule then fetches, as it would without APS)."""
+        probe (the rule then fetches, as it would without APS). A version's probe never changes,
+        so the same question asked again is answered without reading it again."""
+        key = (self.version, version, epsilon, measure)
+        if self._measured is not None and self._measured[0] == key:
+            self.last_divergence = self._measured[1]
+            return self.last_divergence
         probe = self._read(
             self.keys.probe(version), {"q": ArraySpec("<f4", (self.policy.num_outputs,))}
         )
@@ -139,7 +148,7 @@ class RedisWeightClient:
                 "probe", f"probe {version}: {len(arrays['q'])} rows for {len(states)} states"
             )
         d = DIVERGENCES[self.kind][measure](arrays["q"], self.policy(states), epsilon)
-        self.last_divergence = d
+        self.last_divergence, self._measured = d, (key, d)
         return d
 
     def _reference_states(self, ref: int) -> np.ndarray | None:

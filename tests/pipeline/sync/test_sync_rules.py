@@ -195,3 +195,29 @@ def test_categorical_aps_measures_the_policies_kl_on_the_probe(client, run_id):
     assert wc.divergence_to(2, 0.0, "kl") == pytest.approx(expected) and expected > 0.01
     wc.sync(0.0)
     assert wc.version == 2  # past the tolerance: fetched
+
+
+def test_aps_reads_a_versions_probe_once_while_it_stays_behind_it(client, run_id):
+    """PPO publishes a version per update, several chunks apart: a worker under the tolerance
+    re-measures only when a newer version (or its own fetch) changes the question."""
+    learner = Learner(client, run_id)
+    learner.publish(net(0))
+    wc = RedisWeightClient(client, RunKeys(run_id), Aps(1e9, "kl"), kind="categorical")
+    wc.sync(0.0)
+    learner.publish(net(3))
+    for _ in range(4):
+        wc.sync(0.0)
+        assert wc.version == 0 and wc.last_divergence > 0
+    assert wc.counters.probe_fetches == 2  # version 1's probe and the reference batch, once
+    learner.publish(net(4))
+    wc.sync(0.0)
+    assert wc.counters.probe_fetches == 3  # a newer version: its probe (same reference states)
+    assert wc.counters.probe_bytes == sum(
+        len(k) + len(v)
+        for key in (
+            RunKeys(run_id).probe(1),
+            RunKeys(run_id).probe(2),
+            RunKeys(run_id).reference(0),
+        )
+        for k, v in client.hgetall(key).items()
+    )
