@@ -140,10 +140,11 @@ class PPOConfig:
     """lambda of generalized advantage estimation"""
     clip_coef: float = 0.2
     """PPO's clip range of the ratio pi/pi_center (--ppo-clip-center)"""
-    ppo_clip_center: Literal["behaviour", "learner"] = "behaviour"
-    """behaviour: clip pi/pi_behaviour (APPO); learner: clip pi/pi_learner, the learner's policy at the
-    start of the update, and weight each row by pi_learner/pi_behaviour truncated at 1 (decoupled
-    PPO, Hilton et al. 2022: the trust region stays around the learner when the chunks are stale)"""
+    ppo_clip_center: Literal["learner", "behaviour"] = "learner"
+    """learner: clip pi/pi_learner, the learner's policy at the start of the update, and weight each
+    row by pi_learner/pi_behaviour truncated at 1 (decoupled PPO, Hilton et al. 2022: the trust
+    region stays around the learner however stale the chunk); behaviour: clip pi/pi_behaviour
+    (APPO). The same loss when the chunks are not stale"""
     ent_coef: float = 0.01
     """entropy bonus coefficient"""
     vf_coef: float = 0.5

@@ -1,4 +1,4 @@
-"""PPO on chunks, as APPO does it: the clipped ratio against the workers' behaviour log-probs.
+"""PPO on chunks: decoupled PPO's clipped ratio, corrected by the workers' behaviour log-probs.
 
 Workers act with their cached policy version, sampling from softmax(logits), and send the
 log-prob of each action they took (`logp`) with the transitions (pipeline/chunks/runtime.py). The
@@ -9,9 +9,9 @@ ingest thread queues whole chunks here (`insert`); `step()` is one PPO update:
 2. values from the learner's *current* critic on obs and next_obs; GAE per actor env inside
    each chunk (`gae`): truncation bootstraps on V(final obs), termination does not;
 3. `update_epochs` passes of `num_minibatches` Adam steps on `ppo_loss`, whose ratio is
-   π_θ(a|s) / π_behaviour(a|s) with the behaviour log-prob the worker recorded — or, with
-   `--ppo-clip-center learner`, π_θ / π_learner (the policy at the start of the update), each row
-   weighted by π_learner / π_behaviour truncated at 1 (decoupled PPO).
+   π_θ(a|s) / π_learner(a|s), the policy at the start of the update, each row weighted by
+   π_learner / π_behaviour truncated at 1 with the behaviour log-prob the worker recorded
+   (decoupled PPO); `--ppo-clip-center behaviour` takes the ratio against π_behaviour (APPO).
 
 Only the policy network is published (names `layers.{i}.*`, what pipeline.policy.NumpyMLP reads);
 the critic stays here. docs/architecture.md (PPO) says why.
@@ -84,15 +84,15 @@ def ppo_loss(
     mb: dict[str, torch.Tensor],
     cfg: PPOConfig,
 ) -> LossParts:
-    """CleanRL's loss, with the ratio taken against `mb["logp"]`, the log-prob of the policy the
-    worker acted with (not the learner's policy at the start of the update: the two differ by
-    the chunk's lag).
+    """CleanRL's loss on chunks that may be stale.
 
-    With `ppo_clip_center == "learner"` the ratio is taken against `mb["logp_learner"]`, the
-    learner's policy at the start of the update, and each row's clipped term is weighted by
-    min(1, π_learner / π_behaviour): Hilton et al.'s decoupled objective with IMPALA's truncation.
-    Clipping then bounds how far this update moves the learner, whatever the chunk's lag; with no
-    lag the two centres are the same policy and so are the losses."""
+    `ppo_clip_center == "learner"` (the default): the ratio is taken against `mb["logp_learner"]`,
+    the learner's policy at the start of the update, and each row's clipped term is weighted by
+    min(1, π_learner / π_behaviour), the behaviour log-prob `mb["logp"]` the worker recorded:
+    Hilton et al.'s decoupled objective with IMPALA's truncation. Clipping then bounds how far
+    this update moves the learner, whatever the chunk's lag. `"behaviour"`: the ratio against
+    `mb["logp"]` (APPO), so the clip bounds the move from the policy that collected the chunk.
+    With no lag the two centres are the same policy and so are the losses."""
     logp_all = torch.log_softmax(logits, dim=1)
     logp = logp_all.gather(1, mb["action"].unsqueeze(1)).squeeze(1)
     decoupled = cfg.ppo_clip_center == "learner"

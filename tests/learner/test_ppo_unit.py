@@ -14,7 +14,9 @@ from clusterenv.learner.rate_limiter import RateLimiter
 
 
 def test_ratio_is_taken_against_the_behaviour_log_probs():
-    cfg = PPOConfig(norm_adv=False, clip_coef=0.2, ent_coef=0.0, vf_coef=0.0)
+    cfg = PPOConfig(
+        norm_adv=False, clip_coef=0.2, ent_coef=0.0, vf_coef=0.0, ppo_clip_center="behaviour"
+    )
     logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0], [0.0, 0.0]])  # π_θ: ½, ¾, ½
     action = torch.tensor([0, 0, 1])
     # The worker acted with an older policy: π_b(a|s) = 0.4, 0.5, 0.8, not π_θ's 0.5, 0.75, 0.5.
@@ -34,7 +36,9 @@ def test_ratio_is_taken_against_the_behaviour_log_probs():
 
 
 def test_decoupled_clip_centres_on_the_learner_and_weights_by_the_truncated_behaviour_ratio():
-    cfg = PPOConfig(norm_adv=False, clip_coef=0.2, ent_coef=0.0, vf_coef=0.0)
+    cfg = PPOConfig(
+        norm_adv=False, clip_coef=0.2, ent_coef=0.0, vf_coef=0.0, ppo_clip_center="behaviour"
+    )
     logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0], [0.0, 0.0]])  # π_θ: ½, ¾, ½
     action = torch.tensor([0, 0, 1])
     behaviour = torch.tensor([0.4, 0.5, 0.8])  # the worker's (stale) policy
@@ -59,7 +63,7 @@ def test_decoupled_clip_centres_on_the_learner_and_weights_by_the_truncated_beha
 
 
 def test_gradient_flows_through_the_clipped_ratio_only_where_it_is_unclipped():
-    cfg = PPOConfig(norm_adv=False, ent_coef=0.0, vf_coef=0.0)
+    cfg = PPOConfig(norm_adv=False, ent_coef=0.0, vf_coef=0.0, ppo_clip_center="behaviour")
     logits = torch.zeros(2, 2, requires_grad=True)
     mb = {"action": torch.tensor([0, 0]), "logp": torch.tensor([0.5, 0.45]).log(),
           "advantages": torch.tensor([1.0, 1.0]), "values": torch.zeros(2),
@@ -134,7 +138,7 @@ def test_a_chunk_past_the_max_lag_is_dropped_and_counted():
 
 
 def test_the_decoupled_centre_is_the_learners_policy_before_the_update():
-    cfg = PPOConfig(batch_steps=32, ppo_clip_center="learner")
+    cfg = PPOConfig(batch_steps=32)  # the default centre: the learner
     learner = PPOLearner((4,), np.dtype(np.float32), 2, cfg, RateLimiter(1.0, 0, 10_000),
                          lambda version: 0, recent_rows=64, seed=0)  # fmt: skip
     header, arrays = chunk(32, version=0)
