@@ -78,6 +78,12 @@ class LossParts:
     clipfrac: float
 
 
+def log_probs(logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(·|s) for every action, and log π(a|s) of the actions taken."""
+    logp_all = torch.log_softmax(logits, dim=1)
+    return logp_all, logp_all.gather(1, action.unsqueeze(1)).squeeze(1)
+
+
 def ppo_loss(
     logits: torch.Tensor,
     values: torch.Tensor,
@@ -93,8 +99,7 @@ def ppo_loss(
     this update moves the learner, whatever the chunk's lag. `"behaviour"`: the ratio against
     `mb["logp"]` (APPO), so the clip bounds the move from the policy that collected the chunk.
     With no lag the two centres are the same policy and so are the losses."""
-    logp_all = torch.log_softmax(logits, dim=1)
-    logp = logp_all.gather(1, mb["action"].unsqueeze(1)).squeeze(1)
+    logp_all, logp = log_probs(logits, mb["action"])
     decoupled = cfg.ppo_clip_center == "learner"
     log_ratio = logp - (mb["logp_learner"] if decoupled else mb["logp"])
     ratio = log_ratio.exp()
@@ -217,9 +222,7 @@ class PPOLearner:
                     1
                 )
                 # the learner's policy before this update: decoupled PPO's clip centre
-                logp_learner = torch.log_softmax(self.actor(obs), dim=1)[
-                    np.arange(len(obs)), a["action"]
-                ]
+                _, logp_learner = log_probs(self.actor(obs), torch.as_tensor(a["action"]))
             value, next_value = (
                 value.numpy().astype(np.float64),
                 next_value.numpy().astype(np.float64),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -46,15 +47,17 @@ def test_decoupled_clip_centres_on_the_learner_and_weights_by_the_truncated_beha
     adv = torch.tensor([1.0, 1.0, -2.0])
     mb = {"action": action, "logp": behaviour.log(), "logp_learner": learner.log(),
           "advantages": adv, "values": torch.zeros(3), "returns": torch.zeros(3)}  # fmt: skip
-    decoupled = PPOConfig(**{**cfg.__dict__, "ppo_clip_center": "learner"})
+    decoupled = dataclasses.replace(cfg, ppo_clip_center="learner")
     parts = ppo_loss(logits, torch.zeros(3), mb, decoupled)
     ratio = np.array([0.5, 0.75, 0.5]) / learner.numpy()  # 1.11, 1.07, 0.83: inside the clip
     weight = np.minimum(1.0, (learner / behaviour).numpy())  # 1 (1.125 truncated), 1, 0.75
     a = adv.numpy()
     expected = (weight * np.maximum(-a * ratio, -a * ratio.clip(0.8, 1.2))).mean()
     assert parts.policy_loss == pytest.approx(expected, rel=1e-5)
-    assert parts.clipfrac == pytest.approx(0.0)  # against the behaviour policy all three clip
-    assert ppo_loss(logits, torch.zeros(3), mb, cfg).clipfrac == pytest.approx(1.0)
+    assert parts.clipfrac == pytest.approx(0.0)  # around the learner no ratio clips
+    assert ppo_loss(logits, torch.zeros(3), mb, cfg).clipfrac == pytest.approx(
+        1.0
+    )  # around π_b all do
     # Without lag the learner is the behaviour policy: the two objectives agree.
     mb["logp"] = mb["logp_learner"]
     same = ppo_loss(logits, torch.zeros(3), mb, cfg).policy_loss
