@@ -1,4 +1,8 @@
-"""Per-env presets: the shipped hyperparameter file (learner/presets.toml) applied to TrainConfig."""
+"""Per-env presets: the shipped hyperparameter file (learner/presets.toml) applied to TrainConfig.
+
+A table `[ALGO."ENV"]` holds one env's values; `[ALGO."*"]` holds values for every env of that
+algorithm, applied first, so an env's own entry and then the flags override them.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,11 @@ from typing import Any, get_args, get_type_hints
 from clusterenv.learner.config import TrainConfig
 
 PRESETS_FILE = Path(__file__).with_name("presets.toml")
+EVERY_ENV = "*"
 
 
 def load_presets(path: Path = PRESETS_FILE) -> dict[str, dict[str, dict[str, Any]]]:
-    """{algo: {env id: {flag name: value}}} from the presets file."""
+    """{algo: {env id or "*": {flag name: value}}} from the presets file."""
     with open(path, "rb") as f:
         presets = tomllib.load(f)
     algos = get_args(get_type_hints(TrainConfig)["algo"])
@@ -40,12 +45,13 @@ def apply_preset(cfg: TrainConfig, values: dict[str, Any], env: str) -> None:
 
 
 def defaults_for(env: str, algo: str, use_preset: bool, path: Path = PRESETS_FILE) -> TrainConfig:
-    """The config that flags are parsed on top of: the defaults, with the preset for `algo` on
-    `env` if there is one."""
+    """The config that flags are parsed on top of: the defaults, then `algo`'s values for every
+    env and its entry for `env`, where the file has them."""
     cfg = TrainConfig(env=env, algo=algo, preset=use_preset)  # type: ignore[arg-type]
-    entry = load_presets(path).get(algo, {}).get(env) if use_preset else None
-    if entry:
-        apply_preset(cfg, entry, f"{algo} on {env}")
+    tables = load_presets(path).get(algo, {}) if use_preset else {}
+    for key, where in ((EVERY_ENV, f"{algo} on every env"), (env, f"{algo} on {env}")):
+        if tables.get(key):
+            apply_preset(cfg, tables[key], where)
     return cfg
 
 

@@ -41,8 +41,10 @@ def test_ppo_solves_cartpole_with_the_default_aps_rule(tmp_path):
     assert summary["policy_versions"] == summary["updates"] + 1
     assert summary["sync_total"]["probe_fetches"] > 0
     assert summary["lag"]["divergence_mean"] is not None
-    # The version guard at half the max lag keeps the workers' policies young enough to train on.
-    assert summary["lag"]["lag_versions_max"] <= 16  # guard 4 at chunk start, max lag 8
+    # PPO's "*" preset (aps:0.02, max lag 32): the version guard at half the max lag keeps the
+    # workers' policies young enough to train on; a version takes 2048 env steps, a chunk 256.
+    assert json.loads((run_dir / "config.json").read_text())["weights"]["sync"] == "aps:0.02"
+    assert summary["lag"]["lag_versions_max"] <= 32  # guard 16 at chunk start, max lag 32
     assert "pipeline/stale_chunks_dropped" in summary["learner"]  # counted, if any
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert all("losses/approx_kl" in r and "losses/td_loss" not in r for r in rows)

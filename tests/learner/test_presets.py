@@ -8,9 +8,9 @@ import pytest
 
 from clusterenv.learner.cli import CliError, parse_train
 from clusterenv.learner.config import TrainConfig
-from clusterenv.learner.presets import defaults_for, load_presets, preset_choice
+from clusterenv.learner.presets import EVERY_ENV, defaults_for, load_presets, preset_choice
 
-SHIPPED = [(algo, env) for algo, envs in load_presets().items() for env in envs]
+SHIPPED = [(algo, env) for algo, envs in load_presets().items() for env in envs if env != EVERY_ENV]
 
 
 @pytest.mark.parametrize("algo, env", SHIPPED)
@@ -49,6 +49,39 @@ def test_no_preset_gives_the_plain_defaults():
 
 def test_an_env_without_an_entry_keeps_the_defaults():
     assert parse_train(["--env", "Pendulum-v1"]).dqn == TrainConfig().dqn
+
+
+def test_every_ppo_run_gets_the_measured_sync_settings_below_its_env_entry_and_the_flags():
+    plain = TrainConfig(algo="ppo")
+    for env in ("CartPole-v1", "Acrobot-v1", "Pendulum-v1"):  # the last has no entry of its own
+        cfg = parse_train(["--algo", "ppo", "--env", env])
+        assert (cfg.weights.sync, cfg.ppo.max_policy_lag, cfg.weights.reference_size) == (
+            "aps:0.02",
+            32,
+            32,
+        ), env
+        assert (plain.weights.sync, plain.ppo.max_policy_lag) != ("aps:0.02", 32)
+    assert parse_train(["--algo", "ppo", "--env", "Acrobot-v1"]).total_steps == 200_000
+    flags = parse_train(["--algo", "ppo", "--sync", "on-change", "--max-policy-lag", "4"])
+    assert (flags.weights.sync, flags.ppo.max_policy_lag, flags.weights.reference_size) == (
+        "on-change",
+        4,
+        32,
+    )
+    off = parse_train(["--algo", "ppo", "--no-preset"])
+    assert off.weights == plain.weights and off.ppo == plain.ppo
+    assert parse_train([]).weights == TrainConfig().weights  # DQN has no "*" entry
+
+
+def test_an_env_entry_overrides_the_every_env_entry(tmp_path):
+    path = tmp_path / "presets.toml"
+    path.write_text('[dqn."*"]\nlr = 0.1\nbatch_size = 32\n[dqn."X-v0"]\nlr = 0.2\n')
+    cfg = defaults_for("X-v0", "dqn", use_preset=True, path=path)
+    assert (cfg.dqn.lr, cfg.dqn.batch_size) == (0.2, 32)
+    assert defaults_for("Y-v0", "dqn", use_preset=True, path=path).dqn.lr == 0.1
+    with pytest.raises(ValueError, match="preset for dqn on every env: 'lrr'"):
+        path.write_text('[dqn."*"]\nlrr = 0.1\n')
+        defaults_for("Y-v0", "dqn", use_preset=True, path=path)
 
 
 def test_preset_choice_reads_the_last_of_each_flag():
