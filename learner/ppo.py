@@ -221,8 +221,6 @@ class PPOLearner:
                 next_value = self.critic(torch.tensor(a["next_obs"], dtype=torch.float32)).squeeze(
                     1
                 )
-                # the learner's policy before this update: decoupled PPO's clip centre
-                _, logp_learner = log_probs(self.actor(obs), torch.as_tensor(a["action"]))
             value, next_value = (
                 value.numpy().astype(np.float64),
                 next_value.numpy().astype(np.float64),
@@ -230,13 +228,16 @@ class PPOLearner:
             adv, ret = gae(a["reward"].astype(np.float64), value, next_value, a["terminated"],
                            a["truncated"], a["env_index"], self.cfg.ppo_gamma, self.cfg.gae_lambda)  # fmt: skip
             for name, column in (("obs", a["obs"]), ("action", a["action"]), ("logp", a["logp"]),
-                                 ("logp_learner", logp_learner.numpy()), ("values", value),
-                                 ("advantages", adv), ("returns", ret)):  # fmt: skip
+                                 ("values", value), ("advantages", adv), ("returns", ret)):  # fmt: skip
                 parts.setdefault(name, []).append(column)
         out = {k: torch.as_tensor(np.concatenate(v)) for k, v in parts.items()}
         out["obs"] = out["obs"].float().reshape(len(out["action"]), -1)
-        for name in ("logp", "logp_learner", "values", "advantages", "returns"):
+        for name in ("logp", "values", "advantages", "returns"):
             out[name] = out[name].float()
+        # The learner's policy before this update, decoupled PPO's clip centre: one forward over
+        # the whole batch.
+        with torch.no_grad():
+            out["logp_learner"] = log_probs(self.actor(out["obs"]), out["action"])[1]
         return out
 
     def step(self) -> bool:

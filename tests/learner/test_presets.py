@@ -53,6 +53,7 @@ def test_an_env_without_an_entry_keeps_the_defaults():
 
 def test_every_ppo_run_gets_the_measured_sync_settings_below_its_env_entry_and_the_flags():
     plain = TrainConfig(algo="ppo")
+    assert (plain.weights.sync, plain.ppo.max_policy_lag) != ("aps:0.02", 32)
     for env in ("CartPole-v1", "Acrobot-v1", "Pendulum-v1"):  # the last has no entry of its own
         cfg = parse_train(["--algo", "ppo", "--env", env])
         assert (cfg.weights.sync, cfg.ppo.max_policy_lag, cfg.weights.reference_size) == (
@@ -60,7 +61,6 @@ def test_every_ppo_run_gets_the_measured_sync_settings_below_its_env_entry_and_t
             32,
             32,
         ), env
-        assert (plain.weights.sync, plain.ppo.max_policy_lag) != ("aps:0.02", 32)
     assert parse_train(["--algo", "ppo", "--env", "Acrobot-v1"]).total_steps == 200_000
     flags = parse_train(["--algo", "ppo", "--sync", "on-change", "--max-policy-lag", "4"])
     assert (flags.weights.sync, flags.ppo.max_policy_lag, flags.weights.reference_size) == (
