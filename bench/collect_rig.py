@@ -61,10 +61,14 @@ class TunedWorkers(LocalWorkers):
         self.settings = settings
 
     def _spawn(self, i: int, env: dict[str, str], log: Any) -> subprocess.Popen:
+        # `worker_pool` (e.g. threads) is the CLI's --pool, which outranks celeryconfig.
+        pool = self.settings.get("worker_pool", "solo")
         argv = [
             "worker",
             "--pool",
-            "solo",
+            pool,
+            "--concurrency",
+            "1",
             "--loglevel",
             "INFO",
             "--hostname",
