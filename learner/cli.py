@@ -54,7 +54,8 @@ class ReportArgs:
 
 @dataclass
 class EvalArgs:
-    """Greedy return of a saved Q-network, mean ± std over episodes run on this machine.
+    """Greedy return of a saved policy (DQN's Q-network or PPO's actor), mean ± std over episodes
+    run on this machine.
 
     The env is the run's (its config.json). MP4s with --video need `pip install 'clusterenv[video]'`.
     """

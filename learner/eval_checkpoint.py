@@ -35,7 +35,13 @@ def find_checkpoint(path: Path) -> Path:
         return path / "final.safetensors"
     saved = sorted((path / "checkpoints").glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
     if not saved:
-        raise ValueError(f"{path} holds no final.safetensors and no checkpoints/*.safetensors")
+        # `train --run-dir P` makes P the parent of run directories; name them, not a bare miss.
+        runs = sorted(d.name for d in path.iterdir() if (d / "config.json").is_file())
+        named = ", ".join(runs[:3]) + (", ..." if len(runs) > 3 else "")
+        hint = f"; it holds run directories ({named}): pass one" if runs else ""
+        raise ValueError(
+            f"{path} holds no final.safetensors and no checkpoints/*.safetensors{hint}"
+        )
     return saved[-1]
 
 

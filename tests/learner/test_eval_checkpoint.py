@@ -102,6 +102,15 @@ def test_bad_paths_are_one_line_errors(tmp_path, capsys, setup, message):
     assert message in err and len(err.splitlines()) == 1, err
 
 
+def test_the_parent_of_run_directories_is_refused_naming_them(tmp_path, capsys):
+    # `train --run-dir P` puts each run in a folder of its own under P.
+    saved_run(tmp_path / "CartPole-v1__s1__a")
+    saved_run(tmp_path / "CartPole-v1__s2__b")
+    assert main(["eval", str(tmp_path), "--episodes", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "run directories (CartPole-v1__s1__a, CartPole-v1__s2__b): pass one" in err, err
+
+
 def test_a_network_that_does_not_fit_the_env_is_refused(tmp_path, capsys):
     run = saved_run(tmp_path / "run")
     (run / "config.json").write_text('{"env": "Acrobot-v1", "env_kwargs": {}}')
