@@ -79,8 +79,8 @@ def test_an_env_entry_overrides_the_every_env_entry(tmp_path):
     cfg = defaults_for("X-v0", "dqn", use_preset=True, path=path)
     assert (cfg.dqn.lr, cfg.dqn.batch_size) == (0.2, 32)
     assert defaults_for("Y-v0", "dqn", use_preset=True, path=path).dqn.lr == 0.1
+    path.write_text('[dqn."*"]\nlrr = 0.1\n')
     with pytest.raises(ValueError, match="preset for dqn on every env: 'lrr'"):
-        path.write_text('[dqn."*"]\nlrr = 0.1\n')
         defaults_for("Y-v0", "dqn", use_preset=True, path=path)
 
 
