@@ -3,6 +3,8 @@
 Both sample a batch of 64 from a replay buffer holding 20,000 CartPole-shaped transitions and take
 one Adam step on a 256-256 MLP with one torch thread: clusterenv through `DQNLearner.step()`,
 SB3 through `DQN.train(gradient_steps=N)` (its own training loop, RL-Zoo CartPole settings).
+clusterenv runs as its learner does, with subnormal floats flushed to zero (`configure_torch`);
+SB3 as it ships, and once more with the same flag, so the table says what the flag is worth.
 SB3 is the optional bench dependency: pip install -e '.[bench]'.
 """
 
@@ -21,6 +23,7 @@ from clusterenv.learner.config import DQNConfig
 from clusterenv.learner.dqn import DQNLearner
 from clusterenv.learner.rate_limiter import RateLimiter
 from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.learner.trainer import configure_torch
 
 ROWS = 20_000
 
@@ -81,12 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     mark_start()
-    torch.set_num_threads(1)
     data = fake_transitions(np.random.default_rng(0))
-    runs: dict[str, list[float]] = {"clusterenv Double DQN": [], "SB3 DQN": []}
-    for _ in range(args.repeats):  # interleaved, so a load change hits both
-        runs["clusterenv Double DQN"].append(clusterenv_ms(args.steps, data))
-        runs["SB3 DQN"].append(sb3_ms(args.steps, data))
+    systems = {  # name: (gradient-step timer, subnormals flushed to zero)
+        "clusterenv Double DQN": (clusterenv_ms, True),
+        "SB3 DQN": (sb3_ms, False),
+        "SB3 DQN, subnormals flushed (what-if)": (sb3_ms, True),
+    }
+    runs: dict[str, list[float]] = {name: [] for name in systems}
+    for _ in range(args.repeats):  # interleaved, so a load change hits all
+        for name, (timer, flush) in systems.items():
+            configure_torch(1)
+            torch.set_flush_denormal(flush)
+            runs[name].append(timer(args.steps, data))
     sb3 = float(np.median(runs["SB3 DQN"]))
     rows = [
         {"system": name, "ms per gradient step": float(np.median(ms)),

@@ -56,6 +56,18 @@ class RunFailed(RuntimeError):
         self.broker_gone = broker_gone
 
 
+def configure_torch(threads: int) -> None:
+    """The learner thread's torch: `threads` intra-op threads, subnormal floats flushed to zero."""
+    torch.set_num_threads(threads)
+    # Adam's first moment of a weight whose gradient stays zero (a ReLU unit silent over the batch)
+    # shrinks by beta1 each step into subnormal floats, and arithmetic on those is many times
+    # slower on x86: in bench/update_cost.py two thirds of the second layer's moments were
+    # subnormal after 2,000 steps, and flushing them to zero made a step 2.1 -> 1.5 ms
+    # (docs/benchmarks.md, "Gradient step"). The flag is per thread: the gradient step runs in the
+    # thread that builds the Trainer.
+    torch.set_flush_denormal(True)
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -74,7 +86,7 @@ class Trainer:
         obs_space, act_space, threshold = env_spaces(cfg.env, cfg.env_kwargs)
         self.target = cfg.target_return if cfg.target_return is not None else threshold
         num_actions = int(act_space.n)
-        torch.set_num_threads(cfg.torch_threads)
+        configure_torch(cfg.torch_threads)
         self.keys = RunKeys(run_id)
         self.client = connect(redis_url)
 

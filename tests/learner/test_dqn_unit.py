@@ -11,6 +11,7 @@ from clusterenv.learner.config import DQNConfig
 from clusterenv.learner.dqn import DQNLearner
 from clusterenv.learner.rate_limiter import RateLimiter
 from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.learner.trainer import configure_torch
 
 OBS_DIM, ACTIONS = 3, 2
 
@@ -193,3 +194,17 @@ def test_lr_falls_linearly_to_lr_end_over_the_budget_and_stays_there():
         [1e-3, 5.5e-4, 1e-4, 1e-4]
     )
     assert DQNConfig(lr=1e-3).lr_at(999, 1000) == 1e-3  # no --lr-end: constant
+
+
+def test_the_learner_thread_flushes_subnormal_floats_to_zero():
+    """What Trainer sets up: Adam's moments of silent units decay into subnormals, which are slow."""
+    tiny = torch.finfo(torch.float32).tiny
+    threads = torch.get_num_threads()
+    torch.set_flush_denormal(False)
+    try:
+        assert (torch.tensor([tiny]) / 4).item() > 0.0  # a subnormal, kept
+        configure_torch(threads)
+        assert (torch.tensor([tiny]) / 4).item() == 0.0
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_flush_denormal(False)
