@@ -112,7 +112,7 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
     mark = uuid.uuid4().hex
     proc = start_cli(
         ["train", "--total-steps", "4000", "--eval-every", "1500", "--workers", "2",
-         "--lr-end", "0", "--run-dir", str(tmp_path)], mark,
+         "--lr-end", "0", "--sync", DEFAULT_SYNC, "--run-dir", str(tmp_path)], mark,
     )  # fmt: skip
     tree = Tree(proc)
     err = wait_watching(proc, tree, 240)
@@ -129,8 +129,9 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= 4000 and summary["updates"] > 0
     assert summary["policy_versions"] > 3
-    # The default rule is APS: every worker fetched its first version, then checked probes of
-    # the newer ones (whether those trip the tolerance this early is the rule's business).
+    # The default rule, APS (named: CartPole's preset syncs on-change): every worker fetched its
+    # first version, then checked probes of the newer ones (whether those trip the tolerance this
+    # early is the rule's business).
     assert summary["sync_rule"] == DEFAULT_SYNC
     assert summary["sync_total"]["weight_fetches"] >= 2
     assert summary["sync_total"]["probe_fetches"] > 0

@@ -33,6 +33,14 @@ def test_a_dqn_preset_does_not_reach_a_ppo_run():
     assert ppo.dqn == TrainConfig().dqn and ppo.replay == TrainConfig().replay
 
 
+def test_cartpole_dqn_syncs_on_change_unless_a_flag_says_otherwise():
+    """Fresh weights on every chunk brought CartPole's env steps to SB3's (docs/benchmarks.md)."""
+    assert TrainConfig().weights.sync == "aps:0.01"
+    assert parse_train([]).weights.sync == "on-change"  # CartPole-v1 is the default env
+    assert parse_train(["--env", "CartPole-v1", "--sync", "aps:0.05"]).weights.sync == "aps:0.05"
+    assert parse_train(["--env", "CartPole-v1", "--no-preset"]).weights.sync == "aps:0.01"
+
+
 def test_flags_override_the_preset_and_config_json_records_what_was_used():
     cfg = parse_train(["--env", "Acrobot-v1", "--lr", "1e-3"])
     assert cfg.dqn.lr == 1e-3  # the flag
@@ -70,7 +78,8 @@ def test_every_ppo_run_gets_the_measured_sync_settings_below_its_env_entry_and_t
     )
     off = parse_train(["--algo", "ppo", "--no-preset"])
     assert off.weights == plain.weights and off.ppo == plain.ppo
-    assert parse_train([]).weights == TrainConfig().weights  # DQN has no "*" entry
+    # DQN has no "*" entry: an env entry without sync settings keeps the defaults
+    assert parse_train(["--env", "Acrobot-v1"]).weights == TrainConfig().weights
 
 
 def test_an_env_entry_overrides_the_every_env_entry(tmp_path):
