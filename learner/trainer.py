@@ -62,7 +62,7 @@ def configure_torch(threads: int) -> None:
     # Adam's first moment of a weight whose gradient stays zero (a ReLU unit silent over the batch)
     # shrinks by beta1 each step into subnormal floats, and arithmetic on those is many times
     # slower on x86: in bench/update_cost.py two thirds of the second layer's moments were
-    # subnormal after 2,000 steps, and flushing them to zero made a step 2.1 -> 1.5 ms
+    # subnormal after 2,000 steps, and flushing them to zero made a step 2.1-2.4 -> 1.6 ms
     # (docs/benchmarks.md, "Gradient step"). The flag is per thread: the gradient step runs in the
     # thread that builds the Trainer.
     torch.set_flush_denormal(True)
