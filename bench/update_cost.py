@@ -91,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         "SB3 DQN, subnormals flushed (what-if)": (sb3_ms, True),
     }
     runs: dict[str, list[float]] = {name: [] for name in systems}
+    configure_torch(1)  # the learner's torch; each system then sets the flag its row names
     for _ in range(args.repeats):  # interleaved, so a load change hits all
         for name, (timer, flush) in systems.items():
-            configure_torch(1)
             torch.set_flush_denormal(flush)
             runs[name].append(timer(args.steps, data))
     sb3 = float(np.median(runs["SB3 DQN"]))
