@@ -1,7 +1,9 @@
 """Double DQN: a Q-network, its target copy, and one gradient step on a replay minibatch.
 
 `DQNLearner.step()` is one update on a minibatch sampled from replay, when the rate limiter
-allows it; `update(batch)` is the math alone.
+allows it; `update(batch)` is the math alone. The update's backward pass is written out by hand
+(`QNetwork.backward`): for a small MLP on one CPU core, autograd's bookkeeping cost more than the
+matrix products (bench/update_cost.py), and tests check the result against autograd's.
 """
 
 from __future__ import annotations
@@ -27,12 +29,36 @@ class QNetwork(nn.Module):
         self.layers = nn.ModuleList(
             nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)
         )
+        # The same Parameter objects for the net's life: load_state_dict copies into them.
+        self._weights_and_biases = [(layer.weight, layer.bias) for layer in self.layers]
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.reshape(len(obs), -1)
-        for layer in self.layers[:-1]:
-            x = torch.relu(layer(x))
-        return self.layers[-1](x)
+        return self.forward_keeping_inputs(obs)[0]
+
+    def forward_keeping_inputs(self, obs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Q-values, and each layer's input (what `backward` needs)."""
+        # Plain tensors and F.linear: per-call Module and ModuleList overhead cost more than a
+        # 64 x 256 matrix product here (a py-spy profile of a CartPole run).
+        x, inputs = obs.reshape(len(obs), -1), []
+        for i, (weight, bias) in enumerate(self._weights_and_biases):
+            if i > 0:
+                x = torch.relu(x)
+            inputs.append(x)
+            x = nn.functional.linear(x, weight, bias)
+        return x, inputs
+
+    def backward(self, grad_q: torch.Tensor, inputs: list[torch.Tensor]) -> None:
+        """Write d(loss)/d(parameter) into each parameter's `.grad`, given d(loss)/d(Q-values)
+        and the layer inputs from `forward_keeping_inputs`. The `.grad` tensors must exist."""
+        g = grad_q
+        for i in reversed(range(len(inputs))):
+            weight, bias = self._weights_and_biases[i]
+            torch.mm(g.t(), inputs[i], out=weight.grad)
+            torch.sum(g, 0, out=bias.grad)
+            if i > 0:
+                # A ReLU's output is 0 or positive, so its sign is the ReLU's derivative
+                # (and cheaper here than a boolean mask).
+                g = g.mm(weight).mul_(inputs[i].sign())
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Numpy copies named `layers.{i}.weight|bias`, the names clusterenv.pipeline.policy.NumpyMLP reads."""
@@ -62,7 +88,14 @@ class DQNLearner:
         self.rng = np.random.default_rng(seed)
         self.updates = 0
         self.last_loss = float("nan")
-        self._params = list(self.q.parameters())
+        # Every parameter's .grad is a view into one flat buffer: `backward` writes into it and
+        # gradient clipping is then one norm over one tensor.
+        params = list(self.q.parameters())
+        self._grads = torch.zeros(sum(p.numel() for p in params))
+        offset = 0
+        for p in params:
+            p.grad = self._grads[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
 
     def insert(self, header: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
         """The ingest thread's sink: a chunk's transitions into replay; the rows inserted."""
@@ -77,38 +110,43 @@ class DQNLearner:
         if not self.limiter.can_sample(self.cfg.batch_size):
             return False
         batch = self.replay.sample(self.cfg.batch_size, self.rng)
-        self.last_loss = self.update(batch)
+        self.update(batch)
         self.limiter.on_sample(self.cfg.batch_size)
         return True
 
+    @torch.no_grad()
     def update(self, batch: Mapping[str, np.ndarray]) -> float:
-        """One Double-DQN gradient step on `batch`; returns the Huber TD loss."""
+        """One Double-DQN gradient step on `batch`; returns the Huber TD loss before the step."""
         obs = torch.from_numpy(batch["obs"]).float()
         next_obs = torch.from_numpy(batch["next_obs"]).float()
-        action = torch.from_numpy(batch["action"])
+        action = torch.from_numpy(batch["action"]).unsqueeze(1)
         reward = torch.from_numpy(batch["reward"])
         terminated = torch.from_numpy(batch["terminated"])
-        # Double DQN: the online net picks the next action, the target net values it. No autograd
-        # there, and the backward pass then runs over the batch, not batch + next states
-        # (bench/update_cost.py: 1.5 -> 1.3 ms per step here).
-        with torch.inference_mode():
-            if self.cfg.double:
-                next_action = self.q(next_obs).argmax(dim=1, keepdim=True)
-                next_q = self.target(next_obs).gather(1, next_action).squeeze(1)
-            else:
-                next_q = self.target(next_obs).max(dim=1).values
-            td_target = reward + self.cfg.gamma * (1.0 - terminated) * next_q
-        q_taken = self.q(obs).gather(1, action.unsqueeze(1)).squeeze(1)
-        # An inference-mode tensor cannot be saved for backward: the loss gets a normal copy.
-        loss = nn.functional.smooth_l1_loss(q_taken, td_target.clone())
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(self._params, self.cfg.max_grad_norm, foreach=True)
+        n = len(obs)
+        if self.cfg.double:  # the online net picks the next action, the target net values it
+            # One pass of the online net over states and next states (cheaper than two).
+            q_both, inputs = self.q.forward_keeping_inputs(torch.cat([obs, next_obs]))
+            q, inputs = q_both[:n], [x[:n] for x in inputs]
+            next_action = q_both[n:].argmax(dim=1, keepdim=True)
+            next_q = self.target(next_obs).gather(1, next_action).squeeze(1)
+        else:
+            q, inputs = self.q.forward_keeping_inputs(obs)
+            next_q = self.target(next_obs).max(dim=1).values
+        td_target = reward + self.cfg.gamma * (1.0 - terminated) * next_q
+        td_error = q.gather(1, action).squeeze(1) - td_target
+        # The mean Huber loss's gradient: the TD error clipped to [-1, 1], over the batch, on
+        # the action taken and zero on the others.
+        grad_q = torch.zeros_like(q).scatter_(1, action, td_error.clamp(-1, 1).div_(n)[:, None])
+        self.q.backward(grad_q, inputs)
+        # clip_grad_norm_'s rule, on the one buffer all the .grad tensors view.
+        norm = torch.linalg.vector_norm(self._grads)
+        self._grads.mul_((self.cfg.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))
         self.optimizer.step()
         self.updates += 1
         if self.updates % self.cfg.target_update_every == 0:
             self.target.load_state_dict(self.q.state_dict())
-        return float(loss.detach())
+        self.last_loss = float(nn.functional.huber_loss(td_error, torch.zeros_like(td_error)))
+        return self.last_loss
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.q.get_weights()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -188,6 +192,42 @@ def test_plain_dqn_bootstraps_on_the_target_nets_max():
     assert targets[False] == pytest.approx(abs(0.99 * 9.0 - 5.0) - 0.5, rel=1e-4)
 
 
+def autograd_update(learner: DQNLearner, b: dict[str, np.ndarray]) -> None:
+    """The textbook step with autograd: the Huber TD loss, backward, clip_grad_norm_, Adam."""
+    obs, next_obs = torch.from_numpy(b["obs"]), torch.from_numpy(b["next_obs"])
+    action = torch.from_numpy(b["action"]).unsqueeze(1)
+    with torch.no_grad():
+        if learner.cfg.double:
+            pick = learner.q(next_obs).argmax(dim=1, keepdim=True)
+            next_q = learner.target(next_obs).gather(1, pick).squeeze(1)
+        else:
+            next_q = learner.target(next_obs).max(dim=1).values
+        not_done = 1.0 - torch.from_numpy(b["terminated"])
+        target = torch.from_numpy(b["reward"]) + learner.cfg.gamma * not_done * next_q
+    loss = nn.functional.smooth_l1_loss(learner.q(obs).gather(1, action).squeeze(1), target)
+    learner.optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(learner.q.parameters(), learner.cfg.max_grad_norm)
+    learner.optimizer.step()
+
+
+@pytest.mark.parametrize("double", [True, False])
+@pytest.mark.parametrize("max_grad_norm", [10.0, 0.05])  # 0.05: every step is clipped
+def test_the_hand_written_step_matches_autograds(double: bool, max_grad_norm: float):
+    hand = make(double=double, max_grad_norm=max_grad_norm, hidden="32,16", target_update_every=3)
+    ref = make(double=double, max_grad_norm=max_grad_norm, hidden="32,16", target_update_every=3)
+    for step in range(12):
+        b = batch(seed=step, next_scale=3.0, terminated=float(step % 4 == 0))
+        hand.update(b)
+        autograd_update(ref, b)
+        if step % 3 == 2:  # both copy their target nets every 3 updates
+            ref.target.load_state_dict(ref.q.state_dict())
+    for a, r in zip(hand.q.parameters(), ref.q.parameters(), strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(hand.q.layers[0].weight.grad, ref.q.layers[0].weight.grad)
+    assert not torch.equal(hand.q.layers[0].weight, make(hidden="32,16").q.layers[0].weight)
+
+
 def test_lr_falls_linearly_to_lr_end_over_the_budget_and_stays_there():
     cfg = DQNConfig(lr=1e-3, lr_end=1e-4)
     assert [cfg.lr_at(s, 1000) for s in (0, 500, 1000, 5000)] == pytest.approx(
@@ -208,3 +248,15 @@ def test_the_learner_thread_flushes_subnormal_floats_to_zero():
         assert torch.get_num_threads() == threads
     finally:
         torch.set_flush_denormal(False)
+
+
+@pytest.mark.parametrize("package", ["clusterenv.learner", "clusterenv.tasks"])
+def test_learner_and_workers_give_openblas_one_thread_unless_the_user_set_it(package: str):
+    """Set before numpy loads: an idle OpenBLAS thread spins after each small matmul."""
+    code = f"import {package}, numpy, os; print(os.environ['OPENBLAS_NUM_THREADS'])"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "1", run.stderr
+    env["OPENBLAS_NUM_THREADS"] = "3"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "3", run.stderr
