@@ -112,7 +112,8 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
     mark = uuid.uuid4().hex
     proc = start_cli(
         ["train", "--total-steps", "4000", "--eval-every", "1500", "--workers", "2",
-         "--lr-end", "0", "--sync", DEFAULT_SYNC, "--run-dir", str(tmp_path)], mark,
+         "--lr-end", "0", "--sync", DEFAULT_SYNC, "--chunk-steps", "32",  # train's defaults,
+         "--run-dir", str(tmp_path)], mark,  # not CartPole's preset: several probes in 4k steps
     )  # fmt: skip
     tree = Tree(proc)
     err = wait_watching(proc, tree, 240)

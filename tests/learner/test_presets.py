@@ -41,6 +41,15 @@ def test_cartpole_dqn_syncs_on_change_unless_a_flag_says_otherwise():
     assert parse_train(["--env", "CartPole-v1", "--no-preset"]).weights.sync == "aps:0.01"
 
 
+def test_cartpole_dqn_collects_chunks_of_128_steps_per_env_unless_a_flag_says_otherwise():
+    """Celery's fixed cost per task, spread over 4x the env steps (docs/benchmarks.md)."""
+    assert TrainConfig().collection.chunk_steps == 32
+    assert parse_train([]).collection.chunk_steps == 128  # CartPole-v1 is the default env
+    assert parse_train(["--chunk-steps", "32"]).collection.chunk_steps == 32
+    assert parse_train(["--env", "Acrobot-v1"]).collection.chunk_steps == 32
+    assert parse_train(["--algo", "ppo"]).collection.chunk_steps == 32
+
+
 def test_flags_override_the_preset_and_config_json_records_what_was_used():
     cfg = parse_train(["--env", "Acrobot-v1", "--lr", "1e-3"])
     assert cfg.dqn.lr == 1e-3  # the flag
