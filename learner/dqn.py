@@ -84,8 +84,9 @@ class DQNLearner:
         self.target = QNetwork(obs_dim, num_actions, hidden)
         self.target.load_state_dict(self.q.state_dict())
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.q.parameters(), lr=cfg.lr, fused=True)
-        for p in self.q.parameters():  # Adam's own state, as its first step would create it
+        self._params = params = list(self.q.parameters())
+        self.optimizer = torch.optim.Adam(params, lr=cfg.lr, fused=True)
+        for p in params:  # Adam's own state, as its first step would create it
             self.optimizer.state[p] = {
                 "step": torch.tensor(0.0),
                 "exp_avg": torch.zeros_like(p),
@@ -97,7 +98,6 @@ class DQNLearner:
         self.last_loss = float("nan")
         # Every parameter's .grad is a view into one flat buffer: `backward` writes into it and
         # gradient clipping is then one norm over one tensor.
-        self._params = params = list(self.q.parameters())
         self._grads = torch.zeros(sum(p.numel() for p in params))
         offset = 0
         for p in params:

@@ -52,16 +52,28 @@ def batch(n: int = 32, terminated: float = 0.0, next_scale: float = 1.0, seed: i
     }
 
 
-def expected_loss(learner: DQNLearner, b: dict[str, np.ndarray]) -> float:
-    """The Double-DQN Huber loss, computed independently from the two networks."""
+def td_target(learner: DQNLearner, b: dict[str, np.ndarray]) -> torch.Tensor:
+    """The TD target, computed independently from the two networks."""
     with torch.no_grad():
-        obs, next_obs = torch.from_numpy(b["obs"]), torch.from_numpy(b["next_obs"])
-        q_taken = learner.q(obs)[torch.arange(len(obs)), torch.from_numpy(b["action"])]
-        pick = learner.q(next_obs).argmax(dim=1)  # the online net picks,
-        next_q = learner.target(next_obs)[torch.arange(len(obs)), pick]  # the target evaluates
+        next_obs = torch.from_numpy(b["next_obs"])
+        if learner.cfg.double:  # the online net picks, the target evaluates
+            pick = learner.q(next_obs).argmax(dim=1, keepdim=True)
+            next_q = learner.target(next_obs).gather(1, pick).squeeze(1)
+        else:
+            next_q = learner.target(next_obs).max(dim=1).values
         not_done = 1.0 - torch.from_numpy(b["terminated"])
-        target = torch.from_numpy(b["reward"]) + learner.cfg.gamma * not_done * next_q
-        return float(nn.functional.smooth_l1_loss(q_taken, target))
+        return torch.from_numpy(b["reward"]) + learner.cfg.gamma * not_done * next_q
+
+
+def q_taken(learner: DQNLearner, b: dict[str, np.ndarray]) -> torch.Tensor:
+    action = torch.from_numpy(b["action"]).unsqueeze(1)
+    return learner.q(torch.from_numpy(b["obs"])).gather(1, action).squeeze(1)
+
+
+def expected_loss(learner: DQNLearner, b: dict[str, np.ndarray]) -> float:
+    """The Huber TD loss, computed independently from the two networks."""
+    with torch.no_grad():
+        return float(nn.functional.smooth_l1_loss(q_taken(learner, b), td_target(learner, b)))
 
 
 def params(net: nn.Module) -> list[torch.Tensor]:
@@ -194,17 +206,7 @@ def test_plain_dqn_bootstraps_on_the_target_nets_max():
 
 def autograd_update(learner: DQNLearner, b: dict[str, np.ndarray]) -> None:
     """The textbook step with autograd: the Huber TD loss, backward, clip_grad_norm_, Adam."""
-    obs, next_obs = torch.from_numpy(b["obs"]), torch.from_numpy(b["next_obs"])
-    action = torch.from_numpy(b["action"]).unsqueeze(1)
-    with torch.no_grad():
-        if learner.cfg.double:
-            pick = learner.q(next_obs).argmax(dim=1, keepdim=True)
-            next_q = learner.target(next_obs).gather(1, pick).squeeze(1)
-        else:
-            next_q = learner.target(next_obs).max(dim=1).values
-        not_done = 1.0 - torch.from_numpy(b["terminated"])
-        target = torch.from_numpy(b["reward"]) + learner.cfg.gamma * not_done * next_q
-    loss = nn.functional.smooth_l1_loss(learner.q(obs).gather(1, action).squeeze(1), target)
+    loss = nn.functional.smooth_l1_loss(q_taken(learner, b), td_target(learner, b))
     learner.optimizer.zero_grad()
     loss.backward()
     nn.utils.clip_grad_norm_(learner.q.parameters(), learner.cfg.max_grad_norm)
