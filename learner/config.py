@@ -145,6 +145,10 @@ class PPOConfig:
     row by pi_learner/pi_behaviour truncated at 1 (decoupled PPO, Hilton et al. 2022: the trust
     region stays around the learner however stale the chunk); behaviour: clip pi/pi_behaviour
     (APPO). The same loss when the chunks are not stale"""
+    ppo_advantages: Literal["gae", "vtrace"] = "gae"
+    """gae: GAE(lambda) on the current critic, uncorrected for lag; vtrace: each later step's part
+    of the lambda-trace cut by min(1, pi_learner/pi_behaviour) of its action, and value targets
+    weighted by it (V-trace, IMPALA, with both truncations at 1). The same when chunks are not stale"""
     ent_coef: float = 0.01
     """entropy bonus coefficient"""
     vf_coef: float = 0.5

@@ -7,7 +7,8 @@ ingest thread queues whole chunks here (`insert`); `step()` is one PPO update:
 1. take whole chunks until `batch_steps` transitions, dropping (and counting) any chunk whose
    policy version lags the newest published one by more than `max_policy_lag`;
 2. values from the learner's *current* critic on obs and next_obs; GAE per actor env inside
-   each chunk (`gae`): truncation bootstraps on V(final obs), termination does not;
+   each chunk (`gae`): truncation bootstraps on V(final obs), termination does not; with
+   `--ppo-advantages vtrace` its trace cut by the truncated ratio π_learner / π_behaviour;
 3. `update_epochs` passes of `num_minibatches` Adam steps on `ppo_loss`, whose ratio is
    π_θ(a|s) / π_learner(a|s), the policy at the start of the update, each row weighted by
    π_learner / π_behaviour truncated at 1 with the behaviour log-prob the worker recorded
@@ -45,26 +46,31 @@ def gae(
     env_index: np.ndarray,
     gamma: float,
     lam: float,
+    rho: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Advantages and returns of one chunk's rows.
+    """Advantages and returns (value targets) of one chunk's rows.
 
     One env's rows of a chunk are consecutive steps in row order, and an episode ends after a row
     that terminated or was truncated (pipeline/chunks/actor.py drops the autoreset steps). So
         δ_t = r_t + γ·V(s'_t)·(1 − terminated_t) − V(s_t)
-        A_t = δ_t + γλ·(1 − done_t)·A_{t+1}
+        A_t = δ_t + γλ·(1 − done_t)·ρ_{t+1}·A_{t+1},   return_t = V(s_t) + ρ_t·A_t
+    with ρ ≡ 1 (GAE) unless `rho` gives each row's truncated ratio min(1, π/π_behaviour) (V-trace
+    with ρ̄ = c̄ = 1: return_t is its target v_t, and A_t = δ_t + γλ(v_{t+1} − V(s_{t+1})) leaves
+    row t's own ratio to the loss, which weights the row by it).
     A truncated row still bootstraps on V(s'_t), its true final observation; a terminated one does
     not; neither carries the next episode's advantage back. The env's last row in the chunk
     bootstraps through V(s'_t) alone (IMPALA's unroll end).
     """
+    rho = np.ones(len(reward)) if rho is None else rho
     adv = np.zeros(len(reward), dtype=np.float64)
     delta = reward + gamma * next_value * (1.0 - terminated) - value
     carry = gamma * lam * (1.0 - (terminated | truncated))
     for env in np.unique(env_index):
-        following = 0.0
+        following = 0.0  # ρ_{t+1}·A_{t+1} = v_{t+1} − V(s_{t+1})
         for i in np.flatnonzero(env_index == env)[::-1]:
-            following = delta[i] + carry[i] * following
-            adv[i] = following
-    return adv, adv + value
+            adv[i] = delta[i] + carry[i] * following
+            following = rho[i] * adv[i]
+    return adv, value + rho * adv
 
 
 # --- the loss: clipped surrogate against the behaviour policy -----------------------------------
@@ -141,6 +147,11 @@ class QueuedChunk:
     arrays: dict[str, np.ndarray]
 
 
+# What `_prepare` reads of each queued chunk.
+_BATCH_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "env_index",
+                  "logp")  # fmt: skip
+
+
 class PPOLearner:
     """Policy and value MLPs (ReLU: the activation the workers' numpy forward applies), one Adam;
     chunks queued by the ingest thread, one PPO update per `step()`."""
@@ -211,33 +222,31 @@ class PPOLearner:
         return batch
 
     def _prepare(self, batch: list[QueuedChunk]) -> dict[str, torch.Tensor]:
-        """Rows of the batch with values (current critic), GAE advantages and returns."""
-        parts: dict[str, list[np.ndarray]] = {}
-        for chunk in batch:
-            a = chunk.arrays
-            obs = torch.tensor(a["obs"], dtype=torch.float32)
-            with torch.no_grad():
-                value = self.critic(obs).squeeze(1)
-                next_value = self.critic(torch.tensor(a["next_obs"], dtype=torch.float32)).squeeze(
-                    1
-                )
-            value, next_value = (
-                value.numpy().astype(np.float64),
-                next_value.numpy().astype(np.float64),
-            )
-            adv, ret = gae(a["reward"].astype(np.float64), value, next_value, a["terminated"],
-                           a["truncated"], a["env_index"], self.cfg.ppo_gamma, self.cfg.gae_lambda)  # fmt: skip
-            for name, column in (("obs", a["obs"]), ("action", a["action"]), ("logp", a["logp"]),
-                                 ("values", value), ("advantages", adv), ("returns", ret)):  # fmt: skip
-                parts.setdefault(name, []).append(column)
-        out = {k: torch.as_tensor(np.concatenate(v)) for k, v in parts.items()}
-        out["obs"] = out["obs"].float().reshape(len(out["action"]), -1)
-        for name in ("logp", "values", "advantages", "returns"):
-            out[name] = out[name].float()
-        # The learner's policy before this update, decoupled PPO's clip centre: one forward over
-        # the whole batch.
-        with torch.no_grad():
+        """Rows of the batch with values (current critic), the learner's log-probs (decoupled
+        PPO's clip centre, V-trace's target policy), advantages and returns."""
+        a = {k: np.concatenate([c.arrays[k] for c in batch]) for k in _BATCH_COLUMNS}
+        rows = len(a["action"])
+        out = {"action": torch.as_tensor(a["action"]), "logp": torch.as_tensor(a["logp"]).float()}
+        out["obs"] = torch.as_tensor(a["obs"]).float().reshape(rows, -1)
+        with torch.no_grad():  # one forward of each network over the whole batch
+            value = self.critic(out["obs"]).squeeze(1).double().numpy()
+            next_obs = torch.as_tensor(a["next_obs"]).float().reshape(rows, -1)
+            next_value = self.critic(next_obs).squeeze(1).double().numpy()
             out["logp_learner"] = log_probs(self.actor(out["obs"]), out["action"])[1]
+        rho = None
+        if self.cfg.ppo_advantages == "vtrace":
+            rho = (out["logp_learner"] - out["logp"]).exp().clamp(max=1.0).double().numpy()
+        adv, ret = np.empty(rows), np.empty(rows)
+        start = 0
+        for chunk in batch:  # chunks are never stitched: each is its own set of trajectories
+            s = slice(start, start + len(chunk.arrays["action"]))
+            adv[s], ret[s] = gae(a["reward"][s].astype(np.float64), value[s], next_value[s],
+                                 a["terminated"][s], a["truncated"][s], a["env_index"][s],
+                                 self.cfg.ppo_gamma, self.cfg.gae_lambda,
+                                 None if rho is None else rho[s])  # fmt: skip
+            start = s.stop
+        for name, column in (("values", value), ("advantages", adv), ("returns", ret)):
+            out[name] = torch.as_tensor(column).float()
         return out
 
     def step(self) -> bool:

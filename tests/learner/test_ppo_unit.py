@@ -104,6 +104,55 @@ def test_gae_bootstraps_on_truncation_and_not_on_termination():
     np.testing.assert_allclose(ret, want + value)
 
 
+def test_vtrace_cuts_the_trace_at_each_later_actions_ratio_and_weights_the_targets():
+    # One env, four rows, the episode truncated after row 2 (so row 3 starts the next one).
+    env = np.zeros(4, dtype=int)
+    reward = np.array([1.0, 2.0, 3.0, 4.0])
+    value = np.array([0.5, 1.0, 1.5, 2.0])
+    next_value = np.array([1.0, 1.5, 9.0, 3.0])
+    term = np.zeros(4, dtype=bool)
+    trunc = np.array([False, False, True, False])
+    rho = np.array([0.5, 0.25, 1.0, 0.1])  # min(1, π/π_b) of each row's action
+    g, lam = 0.9, 0.8
+    adv, ret = gae(reward, value, next_value, term, trunc, env, g, lam, rho)
+    d = reward + g * next_value - value
+    want = np.empty(4)
+    want[3] = d[3]  # the chunk's end
+    want[2] = d[2]  # truncated: bootstraps on V(final obs); the next episode stays out
+    want[1] = d[1] + g * lam * rho[2] * want[2]  # row 2's action was π's own (ρ = 1)
+    want[0] = d[0] + g * lam * rho[1] * want[1]  # cut to a quarter by row 1's action
+    np.testing.assert_allclose(adv, want)
+    np.testing.assert_allclose(ret, value + rho * want)  # V-trace's targets v_t
+    # Ratios of 1 (chunks that are not stale) give GAE itself.
+    ones = gae(reward, value, next_value, term, trunc, env, g, lam, np.ones(4))
+    plain = gae(reward, value, next_value, term, trunc, env, g, lam)
+    for got, expected in zip(ones, plain, strict=True):
+        np.testing.assert_allclose(got, expected)
+
+
+def test_vtrace_takes_its_ratios_from_the_learners_policy_and_the_behaviour_log_probs():
+    cfg = PPOConfig(batch_steps=32, ppo_advantages="vtrace", gae_lambda=0.9)
+    learner = PPOLearner((4,), np.dtype(np.float32), 2, cfg, RateLimiter(1.0, 0, 10_000),
+                         lambda version: 0, recent_rows=64, seed=0)  # fmt: skip
+    _, arrays = chunk(32, version=0)
+    arrays["logp"][::2] = math.log(0.9)  # a stale worker was sure of half its actions
+    data = learner._prepare([QueuedChunk(0, arrays)])
+    rho = (data["logp_learner"] - data["logp"]).exp().clamp(max=1.0).double().numpy()
+    assert rho[::2].max() < 0.6 and rho[1::2].min() > 0.99  # the fresh learner is near ½ each
+    value = data["values"].double().numpy()
+    with torch.no_grad():
+        next_value = learner.critic(torch.as_tensor(arrays["next_obs"])).squeeze(1).double().numpy()
+    want_adv, want_ret = gae(arrays["reward"].astype(np.float64), value, next_value,
+                             arrays["terminated"], arrays["truncated"], arrays["env_index"],
+                             cfg.ppo_gamma, cfg.gae_lambda, rho)  # fmt: skip
+    np.testing.assert_allclose(data["advantages"].numpy(), want_adv, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(data["returns"].numpy(), want_ret, rtol=1e-5, atol=1e-6)
+    plain = PPOLearner((4,), np.dtype(np.float32), 2, dataclasses.replace(cfg, ppo_advantages="gae"),
+                       RateLimiter(1.0, 0, 10_000), lambda version: 0, recent_rows=64, seed=0)  # fmt: skip
+    assert not np.allclose(plain._prepare([QueuedChunk(0, arrays)])["returns"].numpy(),
+                           data["returns"].numpy())  # fmt: skip
+
+
 def chunk(rows: int, version: int, seed: int = 0) -> tuple[dict, dict]:
     rng = np.random.default_rng(seed)
     arrays = {
