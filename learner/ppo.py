@@ -90,6 +90,12 @@ def log_probs(logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor,
     return logp_all, logp_all.gather(1, action.unsqueeze(1)).squeeze(1)
 
 
+def truncated_ratio(logp_learner: torch.Tensor, logp_behaviour: torch.Tensor) -> torch.Tensor:
+    """min(1, π_learner(a|s) / π_behaviour(a|s)) per row: IMPALA's ρ̄ = 1, the correction for a
+    row sampled by a stale policy (the decoupled loss's row weight, V-trace's trace cut)."""
+    return (logp_learner - logp_behaviour).exp().clamp(max=1.0)
+
+
 def ppo_loss(
     logits: torch.Tensor,
     values: torch.Tensor,
@@ -114,7 +120,7 @@ def ppo_loss(
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     surrogate = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef))
     if decoupled:
-        surrogate = (mb["logp_learner"] - mb["logp"]).exp().clamp(max=1.0) * surrogate
+        surrogate = truncated_ratio(mb["logp_learner"], mb["logp"]) * surrogate
     pg_loss = surrogate.mean()
     if cfg.clip_vloss:
         clipped = mb["values"] + (values - mb["values"]).clamp(-cfg.clip_coef, cfg.clip_coef)
@@ -235,12 +241,13 @@ class PPOLearner:
             out["logp_learner"] = log_probs(self.actor(out["obs"]), out["action"])[1]
         rho = None
         if self.cfg.ppo_advantages == "vtrace":
-            rho = (out["logp_learner"] - out["logp"]).exp().clamp(max=1.0).double().numpy()
+            rho = truncated_ratio(out["logp_learner"], out["logp"]).double().numpy()
+        reward = a["reward"].astype(np.float64)
         adv, ret = np.empty(rows), np.empty(rows)
         start = 0
         for chunk in batch:  # chunks are never stitched: each is its own set of trajectories
             s = slice(start, start + len(chunk.arrays["action"]))
-            adv[s], ret[s] = gae(a["reward"][s].astype(np.float64), value[s], next_value[s],
+            adv[s], ret[s] = gae(reward[s], value[s], next_value[s],
                                  a["terminated"][s], a["truncated"][s], a["env_index"][s],
                                  self.cfg.ppo_gamma, self.cfg.gae_lambda,
                                  None if rho is None else rho[s])  # fmt: skip
