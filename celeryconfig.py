@@ -29,15 +29,32 @@ task_default_queue = COLLECT_QUEUE
 task_queues = (Queue(COLLECT_QUEUE), Queue(EVAL_QUEUE))
 task_routes = {EVALUATE_TASK: {"queue": EVAL_QUEUE}}
 
-# A killed worker's chunk goes back to the queue; the learner's chunk-id ledger makes that harmless.
+
+# A worker process that dies mid-task is the learner's to replace, not the broker's: it writes a
+# chunk off after --lost-after-s (30 s) and dispatches another, and gives up an evaluation after
+# --eval-timeout-s. kombu's Redis transport can also redeliver it, by "ack emulation": each
+# delivery is filed in an unacked hash and acked out of it, two broker round trips per task that
+# were half of Celery's time between chunks (bench/overhead.py, docs/benchmarks.md). So that is
+# off: a task is delivered at most once, except that a prefork worker whose child dies requeues
+# the child's task at once (acks late + reject on worker lost; no round trip while all is well).
+# CLUSTERENV_REDELIVER=1 turns it back on: an unacked task is redelivered after the visibility
+# timeout (a worker looks for such tasks every 10 s).
+def _flag(name: str, default: str) -> bool:
+    value = os.environ.get(name, default)
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 task_acks_late = True
 task_reject_on_worker_lost = True
 worker_prefetch_multiplier = 1
-
-# Chunks take well under a second; an unacked chunk is redelivered after this many seconds,
-# not after the Redis transport's default hour.
 _visibility = int(os.environ.get("CLUSTERENV_VISIBILITY_TIMEOUT", "60"))
-broker_transport_options = {"visibility_timeout": _visibility}
+broker_transport_options = {
+    "ack_emulation": _flag("CLUSTERENV_REDELIVER", "0"),
+    # seconds, not the transport's default hour: a chunk takes milliseconds
+    "visibility_timeout": _visibility,
+}
 broker_connection_retry_on_startup = True
 # A task sent while the broker restarts waits for it (about half a minute), as the Redis clients
 # of learner and workers do (pipeline/connect.py), instead of failing after Celery's 0.6 s.
@@ -53,7 +70,7 @@ task_publish_retry_policy = {
 # a running Flower turns them on in every worker (and again every 5 s for workers started later),
 # `celery worker -E` keeps one worker's on, CLUSTERENV_TASK_EVENTS=1 every worker's and the
 # learner's `task-sent` events too.
-_task_events = os.environ.get("CLUSTERENV_TASK_EVENTS", "0") == "1"
+_task_events = _flag("CLUSTERENV_TASK_EVENTS", "0")
 worker_send_task_events = _task_events
 task_send_sent_event = _task_events
 task_track_started = True

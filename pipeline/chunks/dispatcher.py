@@ -6,7 +6,7 @@ worker CPU) is paid once per task while staleness is still checked per chunk.
 
 Workers are counted from their heartbeat keys, so a `celery worker` started on a new VM mid-run
 gets chunks within a heartbeat. A chunk that has not arrived after `lost_after_s` is written off
-(its worker probably died; Celery will redeliver it later, and the ledger accepts it once).
+(its worker probably died; should it arrive after all, the ledger accepts it once).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from clusterenv.pipeline.sync.rules import DEFAULT_SYNC, parse_sync
 from clusterenv.pipeline.task_args import TaskArgs, TaskArgsError
 
 COLLECT_CHUNK_TASK = "clusterenv.collect_chunk"
-# A task stays short enough that a lost worker costs little and Celery's visibility timeout holds.
+# A task stays short enough that a lost worker costs little (its chunks are written off and replaced).
 MAX_CHUNKS_PER_TASK = 64
 
 

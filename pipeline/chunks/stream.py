@@ -1,8 +1,9 @@
 """Transition chunks over a Redis Stream: workers write, the learner reads with a consumer group.
 
 The reader validates every entry (codec, run id, value ranges), drops chunk ids it has already
-ingested (Celery redelivers a chunk whose worker died), hands good chunks to a sink, and only
-then acks and deletes them, so a chunk is never lost between the stream and replay.
+ingested (a task Celery requeued or redelivered, or a write retried after a lost reply, brings
+a chunk twice), hands good chunks to a sink, and only then acks and deletes them, so a chunk is
+never lost between the stream and replay.
 """
 
 from __future__ import annotations

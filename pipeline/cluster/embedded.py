@@ -40,7 +40,7 @@ def _die_with_parent() -> None:
     Only a parent that died without cleaning up (SIGKILL, a crash) sets it off: a clean exit stops
     the children first. SIGKILL, not SIGTERM: a worker's warm shutdown waits for its chunk, whose
     Redis client then retries the vanished embedded server for half a minute, for a learner that
-    is gone anyway (its chunk, acked late, is redelivered on a broker that outlives it).
+    is gone anyway.
     The kernel sends it when the *thread* that started the child ends: stacks are started from
     the main thread (the CLI, the test fixtures).
     """
