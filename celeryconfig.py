@@ -31,14 +31,14 @@ task_routes = {EVALUATE_TASK: {"queue": EVAL_QUEUE}}
 
 
 # A worker process that dies mid-task is the learner's to replace, not the broker's: it writes a
-# chunk off after --lost-after-s (30 s) and dispatches another, and gives up an evaluation after
-# --eval-timeout-s. kombu's Redis transport can also redeliver it, by "ack emulation": each
-# delivery is filed in an unacked hash and acked out of it, two broker round trips per task that
-# were half of Celery's time between chunks (bench/overhead.py, docs/benchmarks.md). So that is
-# off: a task is delivered at most once, except that a prefork worker whose child dies requeues
-# the child's task at once (acks late + reject on worker lost; no round trip while all is well).
-# CLUSTERENV_REDELIVER=1 turns it back on: an unacked task is redelivered after the visibility
-# timeout (a worker looks for such tasks every 10 s).
+# chunk off after --lost-after-s (30 s) and dispatches another, and gives up an evaluation once
+# the worker that took it stops beating. kombu's Redis transport can also redeliver it, by "ack
+# emulation": each delivery is filed in an unacked hash and acked out of it, two broker round
+# trips per task that were half of Celery's time between chunks (bench/overhead.py,
+# docs/benchmarks.md). So that is off: a task is delivered at most once, except that a prefork
+# worker whose child dies requeues the child's task at once (acks late + reject on worker lost;
+# no round trip while all is well). CLUSTERENV_REDELIVER=1 turns it back on: an unacked task is
+# redelivered after the visibility timeout (a worker looks for such tasks every 10 s).
 def _flag(name: str, default: str) -> bool:
     value = os.environ.get(name, default)
     if value not in ("0", "1"):

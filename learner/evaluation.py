@@ -2,7 +2,9 @@
 
 One evaluation at a time is in flight, split into at most `eval_tasks` parts (a budget of worker
 processes), so evaluation never takes more than that share of the workers from collection. Each
-result is recorded against the version and the env step it was asked about.
+result is recorded against the version and the env step it was asked about. A worker notes each
+part it takes; when its heartbeat lapses before the part's result came, the evaluation is lost
+(Celery delivers a task once, so nobody else will answer it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import redis
 
 from clusterenv.pipeline.chunks.actor import eval_seeds
 from clusterenv.pipeline.evaluation.request import EVALUATE_TASK, EvalRequest
-from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.keys import RunKeys, worker_heartbeat
 from clusterenv.pipeline.roles import SendTask
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class RemoteEvaluation:
         self.next_id = 0
         self.pending: _Pending | None = None
         self.errors = 0
+        self._looked_at = -float("inf")
 
     def request(self, version: int, env_steps: int, parts: int) -> None:
         """Ask for `episodes` greedy episodes of `version`, split over `parts` tasks."""
@@ -81,6 +84,23 @@ class RemoteEvaluation:
 
     def waiting_s(self) -> float:
         return self.clock() - self.pending.result.requested_at if self.pending else 0.0
+
+    def lost_to(self) -> str | None:
+        """The worker that took a part of the evaluation in flight and is gone (its heartbeat
+        key lapsed) without returning it, or None. Looks at most once a second."""
+        p, now = self.pending, self.clock()
+        if p is None or now - self._looked_at < 1.0:
+            return None
+        self._looked_at = now
+        missing = [f"{p.result.eval_id}:{part}" for part in range(p.parts) if part not in p.returns]
+        if not missing:
+            return None
+        takers = {raw.decode() for raw in self.client.hmget(self.keys.eval_takers, missing) if raw}
+        gone = [host for host in sorted(takers) if not self.client.exists(worker_heartbeat(host))]
+        # A worker pushes its result before its heartbeat goes: with one unread, wait a turn.
+        if not gone or self.client.llen(self.keys.eval_results):
+            return None
+        return gone[0]
 
     def results(self) -> Iterator[EvalResult]:
         """Evaluations whose every part has arrived since the last call."""
@@ -113,9 +133,13 @@ class RemoteEvaluation:
         if len(p.returns) < p.parts:
             return None
         p.result.returns = np.array([r for i in sorted(p.returns) for r in p.returns[i]])
-        self.pending = None
+        self.abandon()
         return p.result if len(p.result.returns) else None
 
     def abandon(self) -> None:
-        """Give up the evaluation in flight (its late parts are ignored)."""
-        self.pending = None
+        """Give up the evaluation in flight (its late parts are ignored); done with, its parts'
+        takers leave the broker too."""
+        p, self.pending = self.pending, None
+        if p is not None:
+            fields = [f"{p.result.eval_id}:{part}" for part in range(p.parts)]
+            self.client.hdel(self.keys.eval_takers, *fields)

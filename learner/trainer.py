@@ -188,7 +188,8 @@ class Trainer:
 
     def schedule_eval(self, out_of_work: bool) -> None:
         """Every `eval_every` env steps, and once more when the budget is spent: one request at
-        a time; an evaluation older than `eval_timeout_s` is given up."""
+        a time; an evaluation older than `eval_timeout_s`, or one of whose parts was taken by a
+        worker that is gone, is given up."""
         ev, steps = self.cfg.evaluation, self.accounting.env_steps
         if self.evaluation.pending is None:
             if steps >= self.next_eval or (out_of_work and self.asked_at != steps):
@@ -197,6 +198,10 @@ class Trainer:
         elif self.evaluation.waiting_s() > ev.eval_timeout_s:
             log.warning("evaluation of v%d at %d env steps took over %.0f s; given up",
                         self.evaluation.pending.result.version, self.asked_at, ev.eval_timeout_s)  # fmt: skip
+            self.evaluation.abandon()
+        elif (gone := self.evaluation.lost_to()) is not None:
+            log.warning("evaluation of v%d at %d env steps: worker %s is gone; given up",
+                        self.evaluation.pending.result.version, self.asked_at, gone)  # fmt: skip
             self.evaluation.abandon()
 
     def record_evals(self) -> None:

@@ -75,6 +75,12 @@ class RunKeys:
         return f"{self.base}:evals"
 
     @property
+    def eval_takers(self) -> str:
+        """Hash "{eval id}:{part}" → the registry name of the worker that took that evaluation
+        part, so the learner gives the evaluation up as soon as that worker's heartbeat lapses."""
+        return f"{self.base}:eval-takers"
+
+    @property
     def status(self) -> str:
         """JSON progress of the learner (steps, eval, version, state), refreshed every few seconds."""
         return f"{self.base}:status"

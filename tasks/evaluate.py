@@ -17,6 +17,6 @@ _runner: EvalRunner | None = None
 def evaluate(self, **request: Any) -> JsonResult:
     global _runner
     if _runner is None:  # one per worker process, created after any fork
-        name = f"{self.request.hostname or 'worker'}:{os.getpid()}"
-        _runner = EvalRunner(connect(app.conf.broker_url), name)
+        hostname = self.request.hostname or "worker"
+        _runner = EvalRunner(connect(app.conf.broker_url), f"{hostname}:{os.getpid()}", hostname)
     return JsonResult(_runner.run(EvalRequest.from_json(request)))

@@ -37,10 +37,12 @@ def greedy_returns(envs: gym.vector.VectorEnv, policy: NumpyMLP, seeds: list[int
 
 
 class EvalRunner:
-    """Per-process: eval envs by (env id, kwargs, count), weights fetched per request."""
+    """Per-process: eval envs by (env id, kwargs, count), weights fetched per request.
+    `hostname` is the worker's name in the registry (its heartbeat key), noted against each part
+    it takes; `worker_name` (hostname:pid) goes into the result."""
 
-    def __init__(self, client: redis.Redis, worker_name: str):
-        self.client, self.worker_name = client, worker_name
+    def __init__(self, client: redis.Redis, worker_name: str, hostname: str):
+        self.client, self.worker_name, self.hostname = client, worker_name, hostname
         self._envs: tuple[str, gym.vector.VectorEnv] | None = None
 
     def _vector_env(self, req: EvalRequest) -> gym.vector.VectorEnv:
@@ -53,7 +55,11 @@ class EvalRunner:
 
     def run(self, req: EvalRequest) -> dict[str, Any]:
         keys = RunKeys(req.run_id)
-        if self.client.exists(keys.stop):
+        pipe = self.client.pipeline(transaction=False)
+        pipe.exists(keys.stop)
+        pipe.hset(keys.eval_takers, f"{req.eval_id}:{req.part}", self.hostname)
+        pipe.expire(keys.eval_takers, RESULTS_TTL_S)
+        if pipe.execute()[0]:
             return {"eval": req.eval_id, "part": req.part, "skipped": "run stopped"}
         # Retention dropped the version meanwhile: evaluate the newest, and say which.
         found = read_weights(self.client, keys, req.version)

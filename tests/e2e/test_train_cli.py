@@ -212,10 +212,11 @@ def test_chunks_keep_arriving_while_the_workers_evaluate(tmp_path, workers):
 @pytest.mark.slow
 def test_a_worker_lost_during_an_evaluation_does_not_hang_the_run(tmp_path):
     log, mark = tmp_path / "evals.txt", uuid.uuid4().hex
-    # An evaluation takes at most 200 steps x 2 envs x 20 ms = 8 s: the timeout is above that.
+    # An evaluation takes at most 200 steps x 2 envs x 20 ms = 8 s; the timeout is far above the
+    # test's own 240 s: the evaluation must be given up because its worker's heartbeat lapsed.
     args = slow_eval_args(tmp_path, log, eval_delay_s=0.02)
     proc = start_cli(
-        [*args, "--total-steps", "3000", "--eval-timeout-s", "12", "--lost-after-s", "5"], mark
+        [*args, "--total-steps", "3000", "--eval-timeout-s", "3600", "--lost-after-s", "5"], mark
     )
     tree = Tree(proc)
     deadline = time.monotonic() + 120
@@ -228,10 +229,21 @@ def test_a_worker_lost_during_an_evaluation_does_not_hang_the_run(tmp_path):
     os.killpg(victim, signal.SIGKILL)
     err = wait_watching(proc, tree, 240)
     assert proc.returncode == 0, err
-    assert "given up" in err  # the lost evaluation was abandoned, not waited on forever
+    assert "is gone; given up" in err  # abandoned when its worker went, not at the timeout
     rows = read_metrics(only_run_dir(tmp_path / "runs") / "metrics.jsonl")
     assert rows and rows[-1]["env_steps"] >= 3000  # later evaluations came back
     assert_no_survivors(mark, tree)
+
+
+@pytest.mark.slow
+def test_an_evaluation_that_outlasts_its_timeout_is_given_up(tmp_path):
+    # An evaluation takes up to 200 steps x 2 envs x 50 ms = 20 s, its timeout is 3 s; the
+    # worker stays alive, so only the timeout can end the wait.
+    args = slow_eval_args(tmp_path, tmp_path / "evals.txt", eval_delay_s=0.05)
+    proc = start_cli([*args, "--total-steps", "2000", "--eval-timeout-s", "3"], uuid.uuid4().hex)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert "took over 3 s; given up" in err
 
 
 def wait_for_rows(run_parent: Path, rows: int, proc: subprocess.Popen, timeout_s: float) -> None:

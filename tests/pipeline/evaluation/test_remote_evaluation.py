@@ -112,6 +112,31 @@ def test_parts_split_the_episodes_and_duplicates_count_once(client, run_id):
     assert list(evaluation.results()) == []
 
 
+def test_a_part_whose_worker_is_gone_loses_the_evaluation(client, run_id):
+    keys, clock = RunKeys(run_id), FakeClock()
+    evaluation = RemoteEvaluation(client, keys, RecordingSend(), "CartPole-v1", {}, 4, 10, clock)
+    evaluation.request(version=3, env_steps=50, parts=2)
+    alive, dead = f"alive-{run_id}@h", f"dead-{run_id}@h"
+    WorkerRegistry(client).announce(alive, 1, ttl_s=60)
+    assert evaluation.lost_to() is None  # no part taken yet (still queued)
+    client.hset(keys.eval_takers, mapping={"0:0": alive, "0:1": dead})
+    assert evaluation.lost_to() is None  # looked a moment ago: once a second at most
+    clock.advance(1.0)
+    # Part 1's answer is in the list, unread: its worker's heartbeat may have gone after it.
+    part = {"eval": 0, "version": 3, "worker": "w"}
+    client.rpush(keys.eval_results, json.dumps(part | {"part": 1, "returns": [4.0, 5.0]}))
+    assert evaluation.lost_to() is None
+    assert list(evaluation.results()) == []  # part 1 is in; part 0's worker is alive
+    clock.advance(1.0)
+    assert evaluation.lost_to() is None
+    client.hset(keys.eval_takers, "0:0", dead)  # part 0 again, taken by the dead worker
+    clock.advance(1.0)
+    assert evaluation.lost_to() == dead
+    evaluation.abandon()
+    assert evaluation.lost_to() is None  # nothing in flight
+    assert not client.exists(keys.eval_takers)  # and its parts' takers are gone from the broker
+
+
 def test_an_evicted_version_is_evaluated_as_the_newest_and_said_so(workers, client, run_id):
     keys = RunKeys(run_id)
     source = RedisWeightSource(client, keys, keep=1)
