@@ -133,12 +133,15 @@ class RemoteEvaluation:
         if len(p.returns) < p.parts:
             return None
         p.result.returns = np.array([r for i in sorted(p.returns) for r in p.returns[i]])
-        self.abandon()
+        self._done_with()
         return p.result if len(p.result.returns) else None
 
     def abandon(self) -> None:
-        """Give up the evaluation in flight (its late parts are ignored); done with, its parts'
-        takers leave the broker too."""
+        """Give up the evaluation in flight (its late parts are ignored)."""
+        self._done_with()
+
+    def _done_with(self) -> None:
+        """No evaluation in flight; the finished or abandoned one's takers leave the broker."""
         p, self.pending = self.pending, None
         if p is not None:
             fields = [f"{p.result.eval_id}:{part}" for part in range(p.parts)]
