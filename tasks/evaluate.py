@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from clusterenv.pipeline.connect import connect
@@ -17,6 +16,5 @@ _runner: EvalRunner | None = None
 def evaluate(self, **request: Any) -> JsonResult:
     global _runner
     if _runner is None:  # one per worker process, created after any fork
-        hostname = self.request.hostname or "worker"
-        _runner = EvalRunner(connect(app.conf.broker_url), f"{hostname}:{os.getpid()}", hostname)
+        _runner = EvalRunner(connect(app.conf.broker_url), self.request.hostname or "worker")
     return JsonResult(_runner.run(EvalRequest.from_json(request)))

@@ -8,6 +8,7 @@ evaluated) goes onto the run's eval-results list, where the learner picks it up.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import gymnasium as gym
@@ -39,10 +40,11 @@ def greedy_returns(envs: gym.vector.VectorEnv, policy: NumpyMLP, seeds: list[int
 class EvalRunner:
     """Per-process: eval envs by (env id, kwargs, count), weights fetched per request.
     `hostname` is the worker's name in the registry (its heartbeat key), noted against each part
-    it takes; `worker_name` (hostname:pid) goes into the result."""
+    it takes; "hostname:pid" names this process in the results."""
 
-    def __init__(self, client: redis.Redis, worker_name: str, hostname: str):
-        self.client, self.worker_name, self.hostname = client, worker_name, hostname
+    def __init__(self, client: redis.Redis, hostname: str):
+        self.client, self.hostname = client, hostname
+        self.worker_name = f"{hostname}:{os.getpid()}"
         self._envs: tuple[str, gym.vector.VectorEnv] | None = None
 
     def _vector_env(self, req: EvalRequest) -> gym.vector.VectorEnv:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,15 +24,9 @@ from pathlib import Path
 import pytest
 
 from tests.netrig import Host, NetRig
+from tests.worker_log import RECEIVED, SUCCEEDED
 
 CHUNK_ENV_STEPS = 8 * 16
-# The task's result is its JSON summary: the first chunk id and how many of its chunks it wrote.
-SUCCEEDED = re.compile(
-    r"^\[(\S+ \S+): INFO/MainProcess\] Task clusterenv\.collect_chunk\[[^\]]+\] succeeded in "
-    r"[^:]+: (\{.*\})$",
-    re.M,
-)
-RECEIVED = re.compile(r"Task clusterenv\.collect_chunk\[[^\]]+\] received")
 
 
 def learner_args(rig: NetRig, total_steps: int, lost_after_s: float) -> list[str]:

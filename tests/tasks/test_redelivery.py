@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,11 +26,11 @@ from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import REF, net, url_of
+from tests.worker_log import RECEIVED
 
 # Redelivery happens after the visibility timeout, at a worker's next look for unacked tasks
 # (kombu looks every 10 s): 1 s + 10 s, and some slack.
 VISIBILITY_S, WAIT_S = 1, 20
-RECEIVED = re.compile(r"Task clusterenv\.collect_chunk\[[^\]]+\] received")
 
 
 def chunks_in_stream(client, run_id: str, timeout_s: float) -> list[int]:

@@ -155,6 +155,6 @@ def test_workers_refuse_a_bad_blob_and_serve_on(workers, celery_app, client, run
 def test_an_evaluation_of_a_bad_blob_reports_why(client, run_id):
     keys = RunKeys(run_id)
     corrupt_version(client, keys, 2, encode_weights(_without(net(0), "layers.1.bias")))
-    result = EvalRunner(client, "w:1", "w").run(EvalRequest(run_id, 0, 0, 2, "CartPole-v1", [1, 2]))
+    result = EvalRunner(client, "w").run(EvalRequest(run_id, 0, 0, 2, "CartPole-v1", [1, 2]))
     assert result["error"] == "weights version 2 rejected: layers.1.bias is missing"
     assert json.loads(client.lpop(keys.eval_results)) == result  # the learner hears it
