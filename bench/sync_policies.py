@@ -2,8 +2,11 @@
 
 For each env, rule and seed, `clusterenv train --sync RULE` runs for a fixed env-step budget (no
 early stop, so the area under the eval curve compares like with like). Per run: env steps to the
-first greedy eval at or above the env's solved level, mean eval over the budget, weight bytes and
-fetches per worker, probe bytes, lag. Results are appended run by run (resumable with --resume),
+first greedy eval at or above the env's solved level, the weight + probe bytes moved until then
+(bytes "at equal return"), mean eval over the budget, weight bytes and fetches per worker, probe
+bytes, lag. `--until-solved` stops each run at that first eval instead (a long budget then measures
+steps and bytes to the solved level for every run that gets there; the mean eval is then over
+each run's own span and compares nothing). Results are appended run by run (resumable with --resume),
 then summarised per rule, with bootstrap 95% intervals over seeds on the median steps and the mean
 AUC, and plotted as bytes vs steps-to-solve. A rule is "on the front within its CI" when no other
 rule that moves no more bytes has a steps interval wholly below its own.
@@ -12,6 +15,7 @@ rule that moves no more bytes has a steps interval wholly below its own.
     python -m bench.sync_policies --seeds 1 --envs CartPole-v1 --rules on-change,aps:0.02
     python -m bench.sync_policies --algo ppo           # PPO's grid (aps:TOL is the policies' KL)
     python -m bench.sync_policies --algo ppo --max-policy-lag 32   # the same with another max lag
+    python -m bench.sync_policies --algo ppo --envs LunarLander-v3 --budget 2500000 --until-solved
 """
 
 from __future__ import annotations
@@ -87,11 +91,13 @@ def run_one(
     budget: int,
     workers: int,
     extra: list[str],
+    until_solved: bool = False,
 ) -> dict[str, Any]:
     spec = ENVS[algo][env]
+    target = spec["solved"] if until_solved else 1e9
     flags = [
         "--algo", algo, "--env", env, "--seed", str(seed),
-        "--sync", rule, "--total-steps", str(budget), "--target-return", "1e9",
+        "--sync", rule, "--total-steps", str(budget), "--target-return", str(target),
         "--workers", str(workers), *spec["flags"], *extra,
     ]  # fmt: skip
     run = train_run(flags, runs_dir, "sync-")
@@ -105,6 +111,9 @@ def run_one(
         "reference_size": run["config"].get("weights", {}).get("reference_size"),
         "run_dir": str(run["dir"]),
         "steps_to_solve": solved_at,
+        "bytes_to_solve_per_worker": bytes_to_solve(rows, spec["solved"]) / workers
+        if solved_at is not None else None,
+        "until_solved": until_solved,
         "auc": float(np.mean([r["eval/return_mean"] for r in rows])),
         "weight_bytes_per_worker": sync.get("weight_bytes", 0) / workers,
         "weight_fetches_per_worker": sync.get("weight_fetches", 0) / workers,
@@ -114,6 +123,15 @@ def run_one(
         **{f"lag_{k}": v for k, v in summary["lag"].items()},
         "wall_s": summary["wall_s"],
     }  # fmt: skip
+
+
+def bytes_to_solve(rows: list[dict[str, Any]], solved: float) -> float:
+    """Weight + probe bytes (all workers) moved by the time the first eval at `solved` was logged.
+
+    The counters are read when the eval's result reaches the learner, a little after the version
+    it evaluated was published: every rule's figure includes that latency alike."""
+    row = next(r for r in rows if r["eval/return_mean"] >= solved)
+    return float(row.get("pipeline/weight_bytes", 0) + row.get("pipeline/probe_bytes", 0))
 
 
 def bootstrap_ci(
@@ -139,7 +157,15 @@ def summarise(runs: list[dict[str, Any]], env: str) -> list[dict[str, Any]]:
         steps = [r["steps_to_solve"] if r["steps_to_solve"] is not None else math.inf for r in mine]
         finite = [s for s in steps if s != math.inf]
         aucs = [r["auc"] for r in mine]
+        # Runs from before the figure was kept read as NaN, not as "never solved"
+        to_solve = [
+            math.nan if "bytes_to_solve_per_worker" not in r
+            else math.inf if r["bytes_to_solve_per_worker"] is None
+            else r["bytes_to_solve_per_worker"] / 1e6
+            for r in mine
+        ]  # fmt: skip
         steps_lo, steps_hi = bootstrap_ci(steps, np.median)
+        mb_lo, mb_hi = bootstrap_ci(to_solve, np.median)
         auc_lo, auc_hi = bootstrap_ci(aucs, np.mean)
         out.append({
             "rule": rule,
@@ -148,6 +174,9 @@ def summarise(runs: list[dict[str, Any]], env: str) -> list[dict[str, Any]]:
             "median_steps": median(steps),
             "steps_ci_low": steps_lo,
             "steps_ci_high": steps_hi,
+            "MB_to_solve_per_worker": median(to_solve),
+            "MB_to_solve_ci_low": mb_lo,
+            "MB_to_solve_ci_high": mb_hi,
             "mean_eval_auc": float(np.mean(aucs)),
             "auc_ci_low": auc_lo,
             "auc_ci_high": auc_hi,
@@ -283,6 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--runs-dir", type=Path, default=Path("runs/bench-sync"), help="run dirs go here"
     )
+    p.add_argument(
+        "--until-solved",
+        action="store_true",
+        help="stop each run at its first eval at the env's solved level (needs --out); with a long "
+        "--budget this measures steps and bytes to that level for every run that reaches it",
+    )
     p.add_argument("--resume", action="store_true", help="keep runs already done, do the rest")
     p.add_argument(
         "--no-run", action="store_true", help="only summarise and plot the runs already done"
@@ -308,12 +343,18 @@ def main(argv: list[str] | None = None) -> int:
                 "--flags needs --out: runs with other flags must not mix with the default files"
             )
         extra += shlex.split(args.flags)
+    if args.until_solved and args.out is None:
+        p.error(
+            "--until-solved needs --out: runs that stop early must not mix with the default files"
+        )
     envs = args.envs.split(",") if args.envs else list(ENVS[algo])
     rules = args.rules.split(",") if args.rules else RULES[algo]
     budget = {env: args.budget or ENVS[algo][env]["budget"] for env in envs}
     out = args.out or RESULTS_DIR / f"sync_policies{suffix}.json"
     runs_out = args.runs_out or (
-        out.with_suffix("") if args.flags else RESULTS_DIR / f"sync_policies{suffix}"
+        out.with_suffix("")
+        if args.flags or args.until_solved
+        else RESULTS_DIR / f"sync_policies{suffix}"
     )
     plot_path = args.plot or Path(f"docs/img/sync_tradeoff{suffix}.png")
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -329,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
             for rule in rules:
                 if (rule, seed) in done or args.no_run:
                     continue
-                r = run_one(algo, env, rule, seed, args.runs_dir, budget[env], workers, extra)
+                r = run_one(
+                    algo, env, rule, seed, args.runs_dir, budget[env], workers, extra,
+                    args.until_solved,
+                )  # fmt: skip
                 mine.append(r)
                 print(f"{env} {rule:>14} seed {seed}: solved at {r['steps_to_solve']}, "
                       f"{r['weight_bytes_per_worker'] / 1e6:.2f} MB/worker, {r['wall_s']:.0f} s", flush=True)  # fmt: skip

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from bench.sync_policies import bootstrap_ci, not_resolvably_dominated
+from bench.sync_policies import bootstrap_ci, bytes_to_solve, not_resolvably_dominated
 
 
 def test_bootstrap_interval_brackets_the_median_and_keeps_unsolved_seeds() -> None:
@@ -29,3 +29,13 @@ def test_a_rule_is_off_the_front_only_when_a_cheaper_rule_is_resolvably_faster()
         row("cheapest-slow", 0.5, 50, 60),  # nothing moves fewer bytes
     ]
     assert not_resolvably_dominated(rows) == {"cheap-fast", "dear-overlap", "cheapest-slow"}
+
+
+def test_bytes_to_solve_are_the_counters_at_the_first_eval_at_the_level() -> None:
+    rows = [
+        {"eval/return_mean": 150.0, "pipeline/weight_bytes": 100, "pipeline/probe_bytes": 10},
+        {"eval/return_mean": 201.0, "pipeline/weight_bytes": 300, "pipeline/probe_bytes": 20},
+        {"eval/return_mean": 250.0, "pipeline/weight_bytes": 900, "pipeline/probe_bytes": 30},
+    ]
+    assert bytes_to_solve(rows, 200.0) == 320.0
+    assert bytes_to_solve(rows[:1] + [{"eval/return_mean": 200.0}], 200.0) == 0.0
