@@ -150,8 +150,26 @@ def bootstrap_ci(
     return float(lo), float(hi)
 
 
+def bootstrap_ratio(
+    num: list[float], den: list[float], seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float]:
+    """median(num) / median(den), with a percentile bootstrap interval from resampling each
+    sample on its own. An unsolved run is +inf: a ratio with +inf below is 0, above +inf."""
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    ia = rng.integers(0, len(a), size=(BOOTSTRAP_RESAMPLES, len(a)))
+    ib = rng.integers(0, len(b), size=(BOOTSTRAP_RESAMPLES, len(b)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratios = np.sort(np.median(a[ia], axis=1) / np.median(b[ib], axis=1))
+        point = float(np.median(a) / np.median(b))
+    lo = ratios[int(np.floor((1 - level) / 2 * (len(ratios) - 1)))]
+    hi = ratios[int(np.ceil((1 + level) / 2 * (len(ratios) - 1)))]
+    return point, float(lo), float(hi)
+
+
 def summarise(runs: list[dict[str, Any]], env: str) -> list[dict[str, Any]]:
     out = []
+    to_solve_by_rule: dict[str, list[float]] = {}
     for rule in dict.fromkeys(r["rule"] for r in runs if r["env"] == env):
         mine = [r for r in runs if r["env"] == env and r["rule"] == rule]
         steps = [r["steps_to_solve"] if r["steps_to_solve"] is not None else math.inf for r in mine]
@@ -164,6 +182,7 @@ def summarise(runs: list[dict[str, Any]], env: str) -> list[dict[str, Any]]:
             else r["bytes_to_solve_per_worker"] / 1e6
             for r in mine
         ]  # fmt: skip
+        to_solve_by_rule[rule] = to_solve
         steps_lo, steps_hi = bootstrap_ci(steps, np.median)
         mb_lo, mb_hi = bootstrap_ci(to_solve, np.median)
         auc_lo, auc_hi = bootstrap_ci(aucs, np.mean)
@@ -187,6 +206,16 @@ def summarise(runs: list[dict[str, Any]], env: str) -> list[dict[str, Any]]:
             "lag_updates_p95": median([r["lag_lag_updates_p95"] for r in mine]),
             "stale_rows_dropped": median([r.get("stale_rows_dropped") or 0 for r in mine]),
         })  # fmt: skip
+    base = to_solve_by_rule.get("on-change")
+    for row in out:
+        # "At equal return" read as the solved level: on-change's median bytes to it over this
+        # rule's, and how far resampling the seeds of both moves that ratio
+        fewer = (
+            bootstrap_ratio(base, to_solve_by_rule[row["rule"]])
+            if base
+            else (math.nan, math.nan, math.nan)
+        )
+        row["x_fewer_MB_to_solve"], row["x_fewer_ci_low"], row["x_fewer_ci_high"] = fewer
     front, resolved = pareto(out), not_resolvably_dominated(out)
     for row in out:
         row["pareto"] = "yes" if row["rule"] in front else ""

@@ -4,7 +4,12 @@ import math
 
 import numpy as np
 
-from bench.sync_policies import bootstrap_ci, bytes_to_solve, not_resolvably_dominated
+from bench.sync_policies import (
+    bootstrap_ci,
+    bootstrap_ratio,
+    bytes_to_solve,
+    not_resolvably_dominated,
+)
 
 
 def test_bootstrap_interval_brackets_the_median_and_keeps_unsolved_seeds() -> None:
@@ -39,3 +44,13 @@ def test_bytes_to_solve_are_the_counters_at_the_first_eval_at_the_level() -> Non
     ]
     assert bytes_to_solve(rows, 200.0) == 320.0
     assert bytes_to_solve(rows[:1] + [{"eval/return_mean": 200.0}], 200.0) == 0.0
+
+
+def test_ratio_of_medians_with_its_interval() -> None:
+    point, lo, hi = bootstrap_ratio([10.0, 10.0, 10.0], [2.0, 2.0, 2.0])
+    assert (point, lo, hi) == (5.0, 5.0, 5.0)
+    point, lo, hi = bootstrap_ratio([8.0, 10.0, 12.0], [1.0, 2.0, 4.0])
+    assert lo < point == 5.0 < hi
+    # the rule never reached the level in most resamples: the ratio's low end is 0
+    point, lo, _ = bootstrap_ratio([10.0, 10.0, 10.0], [2.0, math.inf, math.inf])
+    assert point == 0.0 and lo == 0.0
