@@ -4,12 +4,13 @@ For each env, rule and seed, `clusterenv train --sync RULE` runs for a fixed env
 early stop, so the area under the eval curve compares like with like). Per run: env steps to the
 first greedy eval at or above the env's solved level, the weight + probe bytes moved until then
 (bytes "at equal return"), mean eval over the budget, weight bytes and fetches per worker, probe
-bytes, lag. `--until-solved` stops each run at that first eval instead (a long budget then measures
-steps and bytes to the solved level for every run that gets there; the mean eval is then over
-each run's own span and compares nothing). Results are appended run by run (resumable with --resume),
-then summarised per rule, with bootstrap 95% intervals over seeds on the median steps and the mean
-AUC, and plotted as bytes vs steps-to-solve. A rule is "on the front within its CI" when no other
-rule that moves no more bytes has a steps interval wholly below its own.
+bytes, lag. `--until-solved` stops each run at that first eval instead (a long budget then
+measures steps and bytes to the solved level for every run that gets there; the mean eval is then
+over each run's own span and compares nothing). Results are appended run by run (resumable with
+--resume), then summarised per rule, with bootstrap 95% intervals over seeds on the median steps,
+the median bytes to solve and the mean AUC, and plotted as bytes vs steps-to-solve. A rule is "on
+the front within its CI" when no other rule that moves no more bytes has a steps interval wholly
+below its own.
 
     python -m bench.sync_policies                      # the full grid (about an hour here)
     python -m bench.sync_policies --seeds 1 --envs CartPole-v1 --rules on-change,aps:0.02
@@ -134,6 +135,20 @@ def bytes_to_solve(rows: list[dict[str, Any]], solved: float) -> float:
     return float(row.get("pipeline/weight_bytes", 0) + row.get("pipeline/probe_bytes", 0))
 
 
+def _resamples(rng: np.random.Generator, values: list[float]) -> np.ndarray:
+    """BOOTSTRAP_RESAMPLES rows, each `values` drawn with replacement."""
+    data = np.asarray(values, dtype=np.float64)
+    return data[rng.integers(0, len(data), size=(BOOTSTRAP_RESAMPLES, len(data)))]
+
+
+def _percentiles(stats: np.ndarray, level: float) -> tuple[float, float]:
+    """The central `level` interval of a bootstrap distribution."""
+    stats = np.sort(stats)
+    lo = stats[int(np.floor((1 - level) / 2 * (len(stats) - 1)))]
+    hi = stats[int(np.ceil((1 + level) / 2 * (len(stats) - 1)))]
+    return float(lo), float(hi)
+
+
 def bootstrap_ci(
     values: list[float], stat: Callable[[np.ndarray], Any], seed: int = 0, level: float = 0.95
 ) -> tuple[float, float]:
@@ -142,12 +157,7 @@ def bootstrap_ci(
     +inf (not solved) stays in: a median interval that reaches +inf says the seeds do not resolve
     whether the rule solves at all."""
     rng = np.random.default_rng(seed)
-    data = np.asarray(values, dtype=np.float64)
-    picks = rng.integers(0, len(data), size=(BOOTSTRAP_RESAMPLES, len(data)))
-    stats = np.sort([stat(data[i]) for i in picks])
-    lo = stats[int(np.floor((1 - level) / 2 * (len(stats) - 1)))]
-    hi = stats[int(np.ceil((1 + level) / 2 * (len(stats) - 1)))]
-    return float(lo), float(hi)
+    return _percentiles(np.array([stat(row) for row in _resamples(rng, values)]), level)
 
 
 def bootstrap_ratio(
@@ -156,15 +166,11 @@ def bootstrap_ratio(
     """median(num) / median(den), with a percentile bootstrap interval from resampling each
     sample on its own. An unsolved run is +inf: a ratio with +inf below is 0, above +inf."""
     rng = np.random.default_rng(seed)
-    a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
-    ia = rng.integers(0, len(a), size=(BOOTSTRAP_RESAMPLES, len(a)))
-    ib = rng.integers(0, len(b), size=(BOOTSTRAP_RESAMPLES, len(b)))
+    a, b = _resamples(rng, num), _resamples(rng, den)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratios = np.sort(np.median(a[ia], axis=1) / np.median(b[ib], axis=1))
-        point = float(np.median(a) / np.median(b))
-    lo = ratios[int(np.floor((1 - level) / 2 * (len(ratios) - 1)))]
-    hi = ratios[int(np.ceil((1 + level) / 2 * (len(ratios) - 1)))]
-    return point, float(lo), float(hi)
+        ratios = np.median(a, axis=1) / np.median(b, axis=1)
+        point = float(np.median(num) / np.median(den))
+    return (point, *_percentiles(ratios, level))
 
 
 def summarise(runs: list[dict[str, Any]], env: str) -> list[dict[str, Any]]:
