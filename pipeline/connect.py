@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from kombu.exceptions import OperationalError
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
@@ -28,6 +29,19 @@ RETRIES = 30
 
 class RedisUnreachable(RuntimeError):
     """The Redis URL does not answer, or refuses the URL's credentials."""
+
+
+# Every error the learner treats as a failure of the broker, so it can say `except BROKER_ERRORS`
+# without importing redis: a Redis command's (the pipeline's own clients) and a Celery send's
+# (kombu raises OperationalError once its connection retries are spent).
+BROKER_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, OperationalError)
+
+
+def broker_gone(exc: BaseException) -> bool:
+    """Whether `exc` says the broker cannot be reached: the client already retried for the whole
+    retry window (RETRIES), so retrying again is pointless. Other broker errors (a script busy, an
+    out-of-memory reply) may pass."""
+    return isinstance(exc, redis.ConnectionError | redis.TimeoutError | OperationalError)
 
 
 def redact(url: str) -> str:

@@ -18,6 +18,10 @@ EVAL_QUEUE = f"{PREFIX}:eval"
 # Each run's learner status (`clusterenv status` finds them all).
 RUN_STATUS_PATTERN = f"{PREFIX}:run:*:status"
 
+# Once a run ends its keys (stream, counters, marker, stop flag, status) expire after this: late
+# chunks still see `stop` and return at once, `clusterenv status` still shows how the run ended.
+RUN_KEYS_TTL_S = 3600
+
 # Stream entry fields: a JSON header plus one raw-bytes field per array.
 FIELD_HEADER = b"header"
 ARRAY_FIELD_PREFIX = b"a:"

@@ -3,18 +3,24 @@
 Learner side: a `WeightSource` publishes policy versions (and probes); a `TransitionReader` takes
 chunks off the wire into a sink. Worker side: a `WeightClient` holds one version and decides per
 chunk, with its `SyncRule`, whether to fetch a newer one; a `TransitionWriter` puts chunks on the
-wire. The Redis implementations live in pipeline/sync/ and pipeline/chunks/stream.py; tests use
-the small fakes in tests/fakes.py.
+wire. The learner's other broker seams: `RunFlags` (the run's start marker and stop flag), a
+`WorkerDirectory` (who is alive), `EvalResults` (evaluation parts coming back) and a `StatusBoard`
+(every run's progress). The Redis implementations live in pipeline/sync/, pipeline/chunks/stream.py,
+pipeline/cluster/ and pipeline/evaluation/results.py; tests use the small fakes in tests/fakes.py,
+which tests/pipeline/test_broker_roles.py holds to the same behaviour as their Redis twins.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from clusterenv.pipeline.policy import NumpyMLP
+
+if TYPE_CHECKING:  # stream.py imports `Sink` from here
+    from clusterenv.pipeline.chunks.stream import IngestStats
 
 Sink = Callable[[dict[str, Any], dict[str, np.ndarray]], None]
 # How the learner's dispatch and evaluation send a task: (task name, JSON kwargs).
@@ -77,8 +83,72 @@ class TransitionWriter(Protocol):
 class TransitionReader(Protocol):
     """Learner side: hands each good, not yet seen chunk to `sink`; returns transitions accepted."""
 
+    stats: IngestStats  # chunks, transitions, duplicates, claimed, rejected (and why) so far
+    seen: set[int]  # the ids of the chunks accepted so far: one seen again is a duplicate
+
     def poll(self, sink: Sink, block_ms: int = 100, count: int = 64) -> int: ...
 
     def claim_stale(self, sink: Sink, min_idle_ms: int = 30_000, count: int = 64) -> int:
         """Like `poll`, for chunks a reader took but never acknowledged (it died meanwhile)."""
+        ...
+
+
+class RunFlags(Protocol):
+    """Learner side: the run's marks on the broker, and whether the broker still holds them."""
+
+    def mark_started(self) -> None:
+        """Mark the run started; a broker that later lacks the mark lost the run's keys."""
+        ...
+
+    def mark_stopped(self) -> None:
+        """Flag the run stopped (queued chunks return at once, workers drop its envs) and let its
+        keys expire after RUN_KEYS_TTL_S."""
+        ...
+
+    def lost(self) -> bool:
+        """True when the broker no longer holds the start mark (restarted without persistence)."""
+        ...
+
+
+class WorkerDirectory(Protocol):
+    """Learner side of the worker registry: how many worker processes are alive, and who."""
+
+    def alive_processes(self, eval_only: bool = False) -> int:
+        """Processes of live workers that collect, or with `eval_only` of those that only evaluate."""
+        ...
+
+    def is_alive(self, hostname: str) -> bool:
+        """Whether the worker registered as `hostname` still has a live heartbeat."""
+        ...
+
+
+class EvalResults(Protocol):
+    """Learner side of evaluation: the parts' results coming back, and who took each part."""
+
+    def pop(self) -> bytes | None:
+        """The oldest unread result (JSON bytes), or None."""
+        ...
+
+    def unread(self) -> int: ...
+
+    def takers(self, fields: list[str]) -> list[str]:
+        """The hostnames that took the parts `fields` ("{eval id}:{part}"), in that order; parts
+        nobody took are skipped."""
+        ...
+
+    def forget(self, fields: list[str]) -> None:
+        """Drop the takers of the parts `fields` (their evaluation is done or given up)."""
+        ...
+
+
+class StatusBoard(Protocol):
+    """Every run's JSON status, for operators (`clusterenv status`)."""
+
+    def write(self, run_id: str, status: Mapping[str, Any]) -> None:
+        """Replace the status of `run_id`; it expires after RUN_KEYS_TTL_S unless written again.
+        Raises the broker's error (connect.BROKER_ERRORS): best effort is the caller's business."""
+        ...
+
+    def read_all(self) -> list[dict[str, Any]]:
+        """Every run's status, the most recently updated (`updated_at`) first."""
         ...

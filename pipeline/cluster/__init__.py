@@ -1,1 +1,1 @@
-"""The cluster: who is alive (worker registry, heartbeats), the Celery client, the embedded stack."""
+"""The cluster: who is alive, each run's marks and status, the Celery client, the embedded stack."""

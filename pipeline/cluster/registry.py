@@ -15,7 +15,7 @@ from clusterenv.pipeline.keys import WORKER_HEARTBEAT_PATTERN, worker_heartbeat
 
 class WorkerRegistry:
     """Reads and writes `clusterenv:worker:{hostname}` keys (value: JSON with the process count
-    and whether the worker only evaluates)."""
+    and whether the worker only evaluates). The learner's WorkerDirectory (pipeline/roles.py)."""
 
     def __init__(self, client: redis.Redis):
         self.client = client
@@ -45,6 +45,10 @@ class WorkerRegistry:
             except (ValueError, AttributeError):
                 total += 0 if eval_only else 1
         return total
+
+    def is_alive(self, hostname: str) -> bool:
+        """Whether `hostname`'s heartbeat key is still there (announced and not yet lapsed)."""
+        return bool(self.client.exists(worker_heartbeat(hostname)))
 
     def keep_alive(
         self, hostname: str, processes: int, every_s: float, ttl_s: float, eval_only: bool = False

@@ -1,1 +1,1 @@
-"""Greedy evaluation as worker work: the request, and the worker side that steps the eval envs."""
+"""Greedy evaluation as worker work: the request, the worker's runner, the learner's results."""

@@ -8,23 +8,44 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 import redis
 
-from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter
+from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter, transition_specs
+from clusterenv.pipeline.cluster.registry import WorkerRegistry
+from clusterenv.pipeline.cluster.run_flags import RedisRunFlags
+from clusterenv.pipeline.cluster.status_board import RedisStatusBoard
+from clusterenv.pipeline.evaluation.results import RedisEvalResults
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.roles import (
+    EvalResults,
+    RunFlags,
+    StatusBoard,
     SyncRule,
     SyncState,
     TransitionReader,
     TransitionWriter,
     WeightClient,
     WeightSource,
+    WorkerDirectory,
 )
 from clusterenv.pipeline.sync.client import RedisWeightClient
 from clusterenv.pipeline.sync.rules import Always, Aps, Interval, OnChange
 from clusterenv.pipeline.sync.source import RedisWeightSource
-from tests.fakes import FakeSyncState, FakeWeightClient, FakeWriter, net
+from tests.fakes import (
+    FakeEvalResults,
+    FakeRunFlags,
+    FakeStatusBoard,
+    FakeSyncState,
+    FakeTransitions,
+    FakeWeightClient,
+    FakeWeightSource,
+    FakeWorkerDirectory,
+    FakeWriter,
+    FlakyReader,
+    net,
+)
 
 KEYS = RunKeys("roles")
 
@@ -53,8 +74,20 @@ CASES = [
     (SyncState, lambda: RedisWeightClient(redis.Redis(), KEYS, Always())),
     (SyncState, FakeSyncState),
     (WeightSource, lambda: RedisWeightSource(None, KEYS)),
+    (WeightSource, FakeWeightSource),
     (TransitionWriter, lambda: StreamWriter(None, KEYS)),
     (TransitionWriter, FakeWriter),
+    (TransitionWriter, FakeTransitions),
+    (TransitionReader, FakeTransitions),
+    (TransitionReader, lambda: FlakyReader(0, RuntimeError(), [])),
+    (RunFlags, lambda: RedisRunFlags(None, KEYS)),
+    (RunFlags, FakeRunFlags),
+    (WorkerDirectory, lambda: WorkerRegistry(None)),
+    (WorkerDirectory, FakeWorkerDirectory),
+    (EvalResults, lambda: RedisEvalResults(None, KEYS)),
+    (EvalResults, FakeEvalResults),
+    (StatusBoard, lambda: RedisStatusBoard(None)),
+    (StatusBoard, FakeStatusBoard),
     (SyncRule, Always),
     (SyncRule, OnChange),
     (SyncRule, lambda: Interval(steps=8)),
@@ -77,10 +110,13 @@ def test_implementations_have_every_member_of_their_role(protocol, make):
         assert params(inspect.signature(impl)) == params(sig), (type(obj).__name__, name)
 
 
-def test_stream_reader_fits_transition_reader():
-    _, methods = members(TransitionReader)
+def test_stream_reader_fits_transition_reader(client, run_id):
+    attrs, methods = members(TransitionReader)
     for name, sig in methods.items():
         assert params(inspect.signature(getattr(StreamReader, name))) == params(sig)
+    reader = StreamReader(client, RunKeys(run_id), transition_specs(np.float32, (4,)), 2)
+    assert attrs == {"stats", "seen"}
+    assert reader.stats.chunks == 0 and reader.seen == set()
 
 
 def test_the_members_helper_sees_inherited_members():
