@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.runtime import WorkerRuntime
 from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs

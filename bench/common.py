@@ -17,7 +17,7 @@ from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # `clusterenv train` run by this interpreter, as every benchmark that times whole runs starts it.
-TRAIN = [sys.executable, "-m", "clusterenv.learner.cli", "train"]
+TRAIN = [sys.executable, "-m", "clusterenv.learner.tools.cli", "train"]
 
 
 def machine() -> dict[str, Any]:
@@ -69,7 +69,7 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
 def train_run(flags: Sequence[str], runs_dir: Path, prefix: str) -> dict[str, Any]:
     """`clusterenv train FLAGS` in a fresh folder under `runs_dir`, quietly; the finished run as
     `clusterenv.learner.report.load_run` reads it. A failed run raises with the end of its stderr."""
-    from clusterenv.learner.report import load_run
+    from clusterenv.learner.tools.report import load_run
 
     parent = Path(tempfile.mkdtemp(prefix=prefix, dir=runs_dir))
     cmd = [*TRAIN, *flags, "--run-dir", str(parent)]

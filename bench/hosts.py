@@ -48,7 +48,7 @@ def wait_registered(rig: NetRig, pools: list[LocalWorkers], timeout_s: float = 1
 
 def run_one(rig: NetRig, rule: str, total_steps: int, flags: list[str], hosts: int) -> dict:
     parent = rig.root / "runs" / f"{rule.replace(':', '_')}-{time.time_ns()}"
-    argv = [sys.executable, "-m", "clusterenv.learner.cli", "train", "--redis-url", rig.broker_url,
+    argv = [sys.executable, "-m", "clusterenv.learner.tools.cli", "train", "--redis-url", rig.broker_url,
             "--workers", "0", "--sync", rule, "--total-steps", str(total_steps),
             "--target-return", "1e9", "--eval-every", str(total_steps), "--eval-episodes", "1",
             "--run-dir", str(parent), *flags]  # fmt: skip

@@ -2,7 +2,7 @@
 
 A stream on an embedded server is pre-filled with chunks of CartPole-sized transitions encoded by
 `clusterenv.pipeline.codec.encode_chunk` with the header fields workers write. The full path is
-`StreamReader.poll()` into a `clusterenv.learner.replay.ReplayBuffer` (read, decode, validate, dedupe,
+`StreamReader.poll()` into a `clusterenv.learner.replay.uniform.ReplayBuffer` (read, decode, validate, dedupe,
 insert, ack + delete); the bare path is XREADGROUP + np.frombuffer + XACK only. Optionally, one
 `clusterenv train` run gives the ingest thread's CPU share of the learner's wall time.
 """
@@ -22,7 +22,7 @@ import numpy as np
 import redis
 
 from bench.common import TRAIN, mark_start, median, table, write_results
-from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.pipeline.chunks.stream import StreamReader, check_content, transition_specs
 from clusterenv.pipeline.cluster.embedded import EmbeddedServer
 from clusterenv.pipeline.codec import decode_chunk, encode_chunk

@@ -31,10 +31,10 @@ def fixed_weights(seed: int) -> dict[str, np.ndarray]:
     """A freshly initialised 256-256 Q-network, as the learner would publish as version 0."""
     import torch
 
-    from clusterenv.learner.dqn import QNetwork
+    from clusterenv.learner.core.networks import MLP
 
     torch.manual_seed(seed)
-    return QNetwork(int(np.prod(OBS_SHAPE)), NUM_ACTIONS, [256, 256]).get_weights()
+    return MLP(int(np.prod(OBS_SHAPE)), NUM_ACTIONS, [256, 256]).get_weights()
 
 
 def in_process(

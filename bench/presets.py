@@ -30,8 +30,8 @@ from typing import Any
 
 from bench.common import RESULTS_DIR, mark_start, median, table, train_run, write_results
 from bench.time_to_solve import RL_ZOO_CARTPOLE, Trial, hits, sb3_run
-from clusterenv.learner.eval_checkpoint import greedy_episodes
-from clusterenv.learner.report import first_solve
+from clusterenv.learner.tools.eval_checkpoint import greedy_episodes
+from clusterenv.learner.tools.report import first_solve
 
 # The bars: RL-Zoo's DQN results (LunarLander's is above RL-Zoo's 154).
 BARS: dict[str, dict[str, float]] = {

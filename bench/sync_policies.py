@@ -41,7 +41,7 @@ from bench.common import (
     train_run,
     write_results,
 )
-from clusterenv.learner.report import first_solve
+from clusterenv.learner.tools.report import first_solve
 from clusterenv.pipeline.sync.rules import Aps, parse_sync
 
 # tv and kl tolerances are paired: with two actions a greedy flip costs (1-ε) in tv and about
@@ -108,7 +108,7 @@ def run_one(
     return {
         "algo": algo, "env": env, "rule": rule, "seed": seed, "workers": workers,
         # PPO's lag limit (DQN rows: None) and the probes' reference states, as the run used them
-        "max_policy_lag": run["config"].get("ppo", {}).get("max_policy_lag") if algo == "ppo" else None,
+        "max_policy_lag": run["config"].get("agent", {}).get("max_policy_lag") if algo == "ppo" else None,
         "reference_size": run["config"].get("weights", {}).get("reference_size"),
         "run_dir": str(run["dir"]),
         "steps_to_solve": solved_at,
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--flags",
         default="",
-        help="more `clusterenv train` flags for every run (quoted, e.g. '--ppo-clip-center learner'); "
+        help="more `clusterenv train` flags for every run (quoted, e.g. '--clip-center learner'); "
         "needs --out, and per-run results then go to the folder named like --out",
     )
     p.add_argument("--out", type=Path, help="summary (default: results/sync_policies[_ppo].json)")

@@ -19,11 +19,11 @@ import torch
 
 from bench.common import mark_start, table, write_results
 from bench.time_to_solve import RL_ZOO_CARTPOLE
-from clusterenv.learner.config import DQNConfig
-from clusterenv.learner.dqn import DQNLearner
-from clusterenv.learner.rate_limiter import RateLimiter
-from clusterenv.learner.replay import ReplayBuffer
-from clusterenv.learner.trainer import configure_torch
+from clusterenv.learner.dqn.config import DQNConfig
+from clusterenv.learner.dqn.learning import DQNLearner
+from clusterenv.learner.replay.rate_limiter import RateLimiter
+from clusterenv.learner.replay.uniform import ReplayBuffer
+from clusterenv.learner.run.loop import configure_torch
 
 ROWS = 20_000
 

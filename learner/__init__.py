@@ -18,7 +18,7 @@ LEARNER_EXTRA = ("torch", "tqdm", "matplotlib", "tyro")
 def main() -> int:
     """`clusterenv`: the CLI, or a one-line hint where the learner's dependencies are missing."""
     try:
-        from clusterenv.learner.cli import main as cli
+        from clusterenv.learner.tools.cli import main as cli
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in LEARNER_EXTRA:
             raise

@@ -1,8 +1,10 @@
-"""The run configuration: one typed dataclass per component, every field a documented setting.
+"""The run's configuration: one typed dataclass per component, every field a documented setting,
+and the agent's own config (learner/dqn/config.py, learner/ppo/config.py) as `agent`.
 
-`clusterenv train` derives its flags from `TrainConfig` with tyro (learner/cli.py); the nested
-components' flags carry no prefix (`--lr`, not `--dqn.lr`). A run directory stores the whole
-tree as config.json.
+`clusterenv train` derives its flags from `TrainConfig[the agent's config]` with tyro
+(learner/tools/cli.py); nested components' flags carry no prefix (`--lr`, not `--agent.lr`), so
+every setting's name is unique across the run's components and one agent's. A run directory
+stores the whole tree as config.json.
 """
 
 from __future__ import annotations
@@ -11,14 +13,21 @@ import json
 import os
 import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from tyro.conf import arg
 from tyro.constructors import PrimitiveConstructorSpec
 
+from clusterenv.learner.core.settings import require_non_negative, require_positive
+from clusterenv.learner.dqn.config import DQNConfig
+from clusterenv.learner.ppo.config import PPOConfig
 from clusterenv.pipeline.chunks.dispatcher import DispatchConfig
 from clusterenv.pipeline.connect import redact
 from clusterenv.pipeline.sync.rules import DEFAULT_SYNC, parse_sync
+
+# Each agent's config by the name `--algo` gives.
+AGENT_CONFIGS: dict[str, type] = {"dqn": DQNConfig, "ppo": PPOConfig}
+AgentConfig = TypeVar("AgentConfig", DQNConfig, PPOConfig)
 
 
 def _json_object(args: list[str]) -> dict[str, Any]:
@@ -46,19 +55,12 @@ class CollectionConfig:
     """vectorized envs each worker process steps"""
     chunk_steps: int = 32
     """steps per env in one chunk (a chunk holds envs_per_worker x chunk_steps env steps)"""
-    eps_start: float = 1.0
-    """initial exploration epsilon (DQN; PPO samples its policy)"""
-    eps_end: float = 0.04
-    """final exploration epsilon (DQN)"""
-    eps_decay_steps: int = 8_000
-    """env steps over which epsilon decays linearly (DQN; RL-Zoo's CartPole: 0.16 of its 50k)"""
+    error_buffer_chunks: float = 4.0
+    """chunks that collection may run ahead of (or behind) the learner's rate limit"""
 
     @property
     def chunk_env_steps(self) -> int:
         return self.envs_per_worker * self.chunk_steps
-
-    def epsilon(self, env_steps: int) -> float:
-        return linear(self.eps_start, self.eps_end, env_steps, self.eps_decay_steps)
 
 
 @dataclass
@@ -69,8 +71,6 @@ class WeightSyncConfig:
     """aps guard: fetch when this many versions behind (0: off)"""
     max_lag_seconds: float = 0.0
     """aps guard: fetch when the held policy is this many seconds old (0: off)"""
-    publish_every: int = 128
-    """gradient steps between published weight versions (DQN; PPO publishes after every update)"""
     reference_size: int = 256
     """reference states the probes are computed on"""
     reference_every: int = 16
@@ -79,111 +79,6 @@ class WeightSyncConfig:
     """seconds a published version (weights, probe, reference) stays on the broker"""
     weights_kept: int = 64
     """published versions kept; older ones are deleted (a worker holding one then fetches)"""
-
-
-def linear(start: float, end: float, steps: int, over: int) -> float:
-    """From `start` at 0 steps to `end` at `over` steps, and `end` after (ε's and lr's schedules)."""
-    return start + min(1.0, steps / max(1, over)) * (end - start)
-
-
-def hidden_sizes(text: str, flag: str) -> list[int]:
-    """Layer sizes from "256,256"; a ValueError naming the flag otherwise."""
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) <= 0:
-        raise ValueError(f"--{flag} must be positive integers like 256,256, got {text!r}")
-    return sizes
-
-
-@dataclass
-class DQNConfig:
-    lr: float = 2.3e-3
-    """Adam learning rate"""
-    lr_end: Annotated[float | None, arg(help_behavior_hint="(default: --lr throughout)")] = None
-    """learning rate reached at --total-steps env steps, linearly from --lr (RL-Zoo's lin_
-    schedules)"""
-    batch_size: int = 64
-    """minibatch size"""
-    gamma: float = 0.99
-    """discount"""
-    hidden: str = "256,256"
-    """hidden layer sizes of the Q-network, comma-separated"""
-    target_update_every: int = 128
-    """gradient steps between target-network copies"""
-    max_grad_norm: float = 10.0
-    """gradient clipping norm"""
-    double: bool = True
-    """Double DQN targets (the online net picks the next action); --no-double: plain DQN's max"""
-
-    def hidden_sizes(self) -> list[int]:
-        return hidden_sizes(self.hidden, "hidden")
-
-    def lr_at(self, env_steps: int, total_steps: int) -> float:
-        """The learning rate once `env_steps` of the run's `total_steps` are collected."""
-        if self.lr_end is None:
-            return self.lr
-        return linear(self.lr, self.lr_end, env_steps, total_steps)
-
-
-@dataclass
-class PPOConfig:
-    """PPO on chunks (learner/ppo.py); CleanRL's ppo.py defaults. Flags differ from DQN's (the
-    CLI's flags carry no prefix): --ppo-lr, --ppo-gamma, --ppo-hidden, --ppo-max-grad-norm."""
-
-    ppo_lr: float = 2.5e-4
-    """Adam learning rate (constant: an asynchronous run has no fixed number of updates to anneal over)"""
-    ppo_gamma: float = 0.99
-    """discount"""
-    gae_lambda: float = 0.95
-    """lambda of generalized advantage estimation"""
-    clip_coef: float = 0.2
-    """PPO's clip range of the ratio pi/pi_center (--ppo-clip-center)"""
-    ppo_clip_center: Literal["learner", "behaviour"] = "learner"
-    """learner: clip pi/pi_learner, the learner's policy at the start of the update, and weight each
-    row by pi_learner/pi_behaviour truncated at 1 (decoupled PPO, Hilton et al. 2022: the trust
-    region stays around the learner however stale the chunk); behaviour: clip pi/pi_behaviour
-    (APPO). The same loss when the chunks are not stale"""
-    ppo_advantages: Literal["gae", "vtrace"] = "gae"
-    """gae: GAE(lambda) on the current critic, uncorrected for lag; vtrace: each later step's part
-    of the lambda-trace cut by min(1, pi_learner/pi_behaviour) of its action, and value targets
-    weighted by it (V-trace, IMPALA, with both truncations at 1). The same when chunks are not stale"""
-    ent_coef: float = 0.01
-    """entropy bonus coefficient"""
-    vf_coef: float = 0.5
-    """value loss coefficient"""
-    clip_vloss: bool = True
-    """clip the value loss around the values at the start of the update, as CleanRL"""
-    norm_adv: bool = True
-    """normalize advantages per minibatch"""
-    ppo_max_grad_norm: float = 0.5
-    """gradient clipping norm"""
-    update_epochs: int = 4
-    """passes over each batch"""
-    num_minibatches: int = 4
-    """minibatches per pass"""
-    batch_steps: int = 512
-    """transitions (whole chunks) per PPO update; CleanRL: 4 envs x 128 steps"""
-    max_policy_lag: int = 8
-    """chunks acted by a policy version more than this many versions behind the newest (one version
-    per PPO update) are dropped before training, and counted"""
-    ppo_hidden: str = "64,64"
-    """hidden layer sizes of the policy and of the value network, comma-separated"""
-
-
-@dataclass
-class ReplayConfig:
-    buffer_size: int = 100_000
-    """replay capacity in transitions"""
-    learning_starts: int = 1_000
-    """transitions in replay before the first update"""
-    samples_per_insert: float = 32.0
-    """sampled transitions per inserted one (128 updates x 64 per 256 env steps = 32)"""
-    error_buffer_chunks: float = 4.0
-    """chunks that collection may run ahead of (or behind) the samples-per-insert ratio"""
-    updates_per_turn: int = 16
-    """gradient steps between the learner's looks at arrivals, dispatch and evaluation"""
 
 
 @dataclass
@@ -219,9 +114,10 @@ class CheckpointConfig:
 
 
 @dataclass
-class TrainConfig:
-    """Train Double DQN (or PPO: --algo ppo): envs on Celery workers, transitions through Redis,
-    one learner.
+class TrainConfig(Generic[AgentConfig]):
+    """Train an agent (Double DQN by default; PPO with --algo ppo, whose own flags
+    `clusterenv train --algo ppo --help` lists): envs on Celery workers, transitions through
+    Redis, one learner.
 
     Without --redis-url, starts an embedded Redis-compatible server, one local celery worker per
     core and one that only evaluates. With --redis-url, uses the workers attached to that broker
@@ -232,10 +128,11 @@ class TrainConfig:
     """Gymnasium env id (Discrete actions, Box observations)"""
     algo: Literal["dqn", "ppo"] = "dqn"
     """dqn: Double DQN from replay, workers act ε-greedily; ppo: PPO on chunks, workers sample
-    their cached policy and send its log-probs (docs/architecture.md, PPO)"""
+    their cached policy and send its log-probs (docs/architecture.md, PPO). Each has its own
+    settings (`clusterenv train --algo ALGO --help`)"""
     preset: bool = True
-    """start from the entry for --algo on --env in learner/presets.toml when there is one (flags
-    override it); --no-preset: the plain defaults below"""
+    """start from the entry for --algo on --env in learner/tools/presets.toml when there is one
+    (flags override it); --no-preset: the plain defaults below"""
     env_kwargs: JsonObject = field(default_factory=dict)
     """keyword arguments for gymnasium.make as a JSON object, e.g. '{"g": 9.8}'"""
     seed: int = 1
@@ -272,54 +169,34 @@ class TrainConfig:
     # process on a small machine; a contended learner was measured ~20x slower per update.
     torch_threads: int = 1
     """torch intra-op threads for the learner"""
+    updates_per_turn: int = 16
+    """learner updates between the loop's looks at arrivals, dispatch and evaluation"""
     collection: CollectionConfig = field(default_factory=CollectionConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     weights: WeightSyncConfig = field(default_factory=WeightSyncConfig)
-    dqn: DQNConfig = field(default_factory=DQNConfig)
-    ppo: PPOConfig = field(default_factory=PPOConfig)
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    agent: AgentConfig = field(default_factory=DQNConfig)  # type: ignore[assignment]
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
-        positive = [
-            (self, "total_steps"), (self.collection, "envs_per_worker"),
-            (self.collection, "chunk_steps"), (self.dqn, "batch_size"),
-            (self.replay, "buffer_size"), (self.dqn, "target_update_every"),
-            (self.weights, "publish_every"), (self.evaluation, "eval_every"),
-            (self.evaluation, "eval_episodes"), (self.weights, "reference_size"),
-            (self.weights, "reference_every"), (self.weights, "weight_ttl_s"),
-            (self.weights, "weights_kept"), (self.replay, "updates_per_turn"),
-            (self.dispatch, "tasks_per_process"), (self.dispatch, "chunks_per_task"),
-            (self.dispatch, "lost_after_s"),
-            (self.evaluation, "eval_timeout_s"), (self.evaluation, "solve_evals"),
-            (self, "status_every_s"), (self.checkpoint, "checkpoints_kept"),
-        ]  # fmt: skip
-        for part, name in positive:
-            if getattr(part, name) <= 0:
-                raise ValueError(
-                    f"--{name.replace('_', '-')} must be positive, got {getattr(part, name)}"
-                )
-        if self.workers is not None and self.workers < 0:
-            raise ValueError(f"--workers must be >= 0, got {self.workers}")
-        if self.eval_workers is not None and self.eval_workers < 0:
-            raise ValueError(f"--eval-workers must be >= 0, got {self.eval_workers}")
-        if self.replay.learning_starts < self.dqn.batch_size:
-            raise ValueError("--learning-starts must be at least --batch-size")
-        if not 0.0 < self.dqn.gamma <= 1.0:
-            raise ValueError(f"--gamma must be in (0, 1], got {self.dqn.gamma}")
-        if self.dqn.lr <= 0 or self.replay.samples_per_insert <= 0:
-            raise ValueError("--lr and --samples-per-insert must be positive")
-        if self.dqn.lr_end is not None and not self.dqn.lr_end >= 0.0:  # NaN too
-            raise ValueError(f"--lr-end must be >= 0, got {self.dqn.lr_end}")
-        if self.evaluation.eval_tasks < 0:
-            raise ValueError(f"--eval-tasks must be >= 0, got {self.evaluation.eval_tasks}")
-        if self.replay.error_buffer_chunks < 0:
-            raise ValueError("--error-buffer-chunks must be >= 0")
-        c = self.collection
-        if not (0.0 <= c.eps_end <= c.eps_start <= 1.0):
-            raise ValueError("need 0 <= --eps-end <= --eps-start <= 1")
+        if not isinstance(self.agent, AGENT_CONFIGS[self.algo]):
+            raise ValueError(
+                f"--algo {self.algo} needs its own settings, not {type(self.agent).__name__}"
+            )
+        for part, names in (
+            (self, ("total_steps", "updates_per_turn", "status_every_s")),
+            (self.collection, ("envs_per_worker", "chunk_steps")),
+            (self.weights, ("reference_size", "reference_every", "weight_ttl_s", "weights_kept")),
+            (self.dispatch, ("tasks_per_process", "chunks_per_task", "lost_after_s")),
+            (self.evaluation, ("eval_every", "eval_episodes", "eval_timeout_s", "solve_evals")),
+            (self.checkpoint, ("checkpoints_kept",)),
+        ):
+            require_positive(part, names)
+        require_non_negative(self, [n for n in ("workers", "eval_workers")
+                                    if getattr(self, n) is not None])  # fmt: skip
+        require_non_negative(self.evaluation, ("eval_tasks",))
+        require_non_negative(self.collection, ("error_buffer_chunks",))
         ck = self.checkpoint
         if ck.checkpoint_every_s < 0 or ck.checkpoint_every_updates < 0:
             raise ValueError("--checkpoint-every-s and --checkpoint-every-updates must be >= 0")
@@ -328,35 +205,12 @@ class TrainConfig:
         w = self.weights
         if w.max_lag_versions < 0 or not w.max_lag_seconds >= 0:
             raise ValueError("--max-lag-versions and --max-lag-seconds must be >= 0")
-        self.dqn.hidden_sizes()  # raises on a bad list
-        self._validate_ppo()
+        self.agent.validate()
         if self.algo == "ppo" and self.checkpoint.checkpoint_replay:
             raise ValueError(
                 "--checkpoint-replay: PPO learns from fresh chunks and has no replay to keep"
             )
         parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds, self.policy_kind)
-
-    def _validate_ppo(self) -> None:
-        p = self.ppo
-        for name in (
-            "ppo_lr",
-            "update_epochs",
-            "num_minibatches",
-            "batch_steps",
-            "ppo_max_grad_norm",
-        ):
-            if not getattr(p, name) > 0:
-                raise ValueError(
-                    f"--{name.replace('_', '-')} must be positive, got {getattr(p, name)}"
-                )
-        for name in ("clip_coef", "ent_coef", "vf_coef", "max_policy_lag"):
-            if not getattr(p, name) >= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(p, name)}")
-        if not 0.0 < p.ppo_gamma <= 1.0 or not 0.0 <= p.gae_lambda <= 1.0:
-            raise ValueError("need 0 < --ppo-gamma <= 1 and 0 <= --gae-lambda <= 1")
-        if p.batch_steps < p.num_minibatches:
-            raise ValueError("--batch-steps must be at least --num-minibatches")
-        hidden_sizes(p.ppo_hidden, "ppo-hidden")
 
     @property
     def policy_kind(self) -> str:
@@ -364,8 +218,9 @@ class TrainConfig:
         return "categorical" if self.algo == "ppo" else "epsilon_greedy"
 
     def settings(self) -> dict[str, tuple[Any, str]]:
-        """Every setting by its flat name (its flag without dashes; names are unique across
-        components, since the CLI's flags carry no prefix) -> (the object holding it, its field)."""
+        """Every setting by its flat name (its flag without dashes; names are unique across the
+        run's components and its agent's, since the CLI's flags carry no prefix) -> (the object
+        holding it, its field)."""
         out: dict[str, tuple[Any, str]] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -395,7 +250,22 @@ class TrainConfig:
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
         """The config a run directory stored (config.json); ValueError naming an unknown setting."""
-        return _from_dict(cls, json.loads(text), "")
+        values = json.loads(text)
+        algo = values.get("algo", "dqn")
+        if algo not in AGENT_CONFIGS:
+            raise ValueError(f"unknown algo {algo!r}")
+        agent = values.get("agent", {})
+        if not isinstance(agent, dict):
+            raise ValueError("setting 'agent' must be an object")
+        tree = {**values, "agent": _from_dict(AGENT_CONFIGS[algo], agent, "agent.")}
+        return _from_dict(cls, tree, "")
+
+    @classmethod
+    def for_algo(cls, algo: str, **values: Any) -> TrainConfig:
+        """The defaults with `algo`'s own agent config (ValueError for an unknown algo)."""
+        if algo not in AGENT_CONFIGS:
+            raise ValueError(f"--algo {algo!r} is not one of {', '.join(AGENT_CONFIGS)}")
+        return cls(algo=algo, agent=AGENT_CONFIGS[algo](), **values)  # type: ignore[arg-type]
 
 
 def _from_dict(kind: type, values: dict[str, Any], where: str) -> Any:
@@ -404,6 +274,8 @@ def _from_dict(kind: type, values: dict[str, Any], where: str) -> Any:
     if unknown:  # a config.json written by another version of clusterenv
         raise ValueError(f"unknown setting {where}{unknown[0]!r}")
     return kind(**{
-        name: _from_dict(hints[name], value, f"{where}{name}.") if is_dataclass(hints[name]) else value
+        name: _from_dict(hints[name], value, f"{where}{name}.")
+        if isinstance(hints[name], type) and is_dataclass(hints[name]) and isinstance(value, dict)
+        else value
         for name, value in values.items()
     })  # fmt: skip

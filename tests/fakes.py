@@ -355,3 +355,59 @@ class FakeTransitions:
 
     def claim_stale(self, sink: Sink, min_idle_ms: int = 30_000, count: int = 64) -> int:
         return 0
+
+
+class ScriptedWorkers:
+    """A SendTask that plays the workers in process, at once: each `clusterenv.collect_chunk`
+    writes its chunks (random CartPole-shaped transitions acted with the newest version) into
+    `transitions`; each `clusterenv.evaluate` part pushes `eval_return` for each of its seeds
+    into `evals`. `tasks` counts what was sent, by task name."""
+
+    def __init__(self, transitions: FakeTransitions, evals: FakeEvalResults,
+                 weights: FakeWeightSource, eval_return: float = 10.0, seed: int = 0):  # fmt: skip
+        self.transitions, self.evals, self.weights = transitions, evals, weights
+        self.eval_return = eval_return
+        self.rng = np.random.default_rng(seed)
+        self.tasks: dict[str, int] = {}
+
+    def __call__(self, name: str, kwargs: dict[str, Any]) -> None:
+        self.tasks[name] = self.tasks.get(name, 0) + 1
+        if name == "clusterenv.evaluate":
+            self.evals.take(f"{kwargs['eval_id']}:{kwargs['part']}", "worker-0")
+            self.evals.push(json.dumps({
+                "eval": kwargs["eval_id"], "part": kwargs["part"], "version": kwargs["version"],
+                "returns": [self.eval_return] * len(kwargs["seeds"]), "worker": "worker-0",
+            }))  # fmt: skip
+            return
+        rows = kwargs["num_envs"] * kwargs["steps"]
+        for chunk in range(kwargs["chunk_id"], kwargs["chunk_id"] + kwargs["chunks"]):
+            obs = self.rng.normal(size=(rows + 1, 4)).astype(np.float32)
+            arrays = {
+                "obs": obs[:-1], "next_obs": obs[1:],
+                "action": self.rng.integers(2, size=rows), "reward": np.ones(rows, np.float32),
+                "terminated": self.rng.random(rows) < 0.05, "truncated": np.zeros(rows, bool),
+                "env_index": np.tile(np.arange(kwargs["num_envs"], dtype=np.int32), kwargs["steps"]),
+                "logp": np.full(rows, np.log(0.5), np.float32),
+            }  # fmt: skip
+            header = {"run": kwargs["run_id"], "chunk": chunk, "worker": "worker-0",
+                      "policy_version": self.weights.version, "env_steps": rows,
+                      "sync": {"weight_fetches": 1}, "episodes": [[20.0, 20]]}  # fmt: skip
+            self.transitions.write(header, arrays)
+
+
+class FakeCluster:
+    """Every role of a run's broker (learner/run/wiring.py's Broker) in process, with workers
+    played by ScriptedWorkers: `factory` is the BrokerFactory a Run takes."""
+
+    def __init__(self, processes: int = 2, eval_return: float = 10.0) -> None:
+        self.weights, self.transitions = FakeWeightSource(), FakeTransitions()
+        self.evals, self.flags = FakeEvalResults(), FakeRunFlags()
+        self.workers, self.status = FakeWorkerDirectory(processes), FakeStatusBoard()
+        self.send = ScriptedWorkers(self.transitions, self.evals, self.weights, eval_return)
+        self.stopped_runs: list[str] = []
+
+    def factory(self, specs: Mapping[str, Any], num_actions: int) -> Any:
+        from clusterenv.learner.run.wiring import Broker  # the learner extra: torch
+
+        return Broker(self.weights, self.transitions, self.send, self.workers, self.evals,
+                      self.flags, self.status, self.stopped_runs.append)  # fmt: skip

@@ -12,7 +12,7 @@ gets chunks within a heartbeat. A chunk that has not arrived after `lost_after_s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,3 +102,11 @@ class Dispatcher:
     def arrived(self, chunk_id: int) -> None:
         if self.in_flight.pop(chunk_id, None) is None and chunk_id < self.next_id:
             self.late += 1
+
+    def save(self) -> tuple[dict[str, Any], dict[str, int]]:
+        """The next chunk id and the chunks lost so far (a checkpoint's; chunks in flight belong
+        to this learner's run id and are not carried over)."""
+        return {}, {"next_chunk": self.next_id, "lost": self.lost}
+
+    def restore(self, arrays: Mapping[str, Any], values: Mapping[str, int]) -> None:
+        self.next_id, self.lost = values["next_chunk"], values["lost"]

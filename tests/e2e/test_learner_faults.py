@@ -16,11 +16,11 @@ import psutil
 import pytest
 import redis
 
-from clusterenv.learner.checkpoint import Checkpoints
-from clusterenv.learner.cli import main
 from clusterenv.learner.config import CheckpointConfig
-from clusterenv.learner.metrics import read_metrics
-from clusterenv.learner.resume import published_version
+from clusterenv.learner.persistence.checkpoint import Checkpoints
+from clusterenv.learner.persistence.resume import published_version
+from clusterenv.learner.run.metrics import read_metrics
+from clusterenv.learner.tools.cli import main
 from clusterenv.pipeline.keys import RunKeys
 from tests.e2e.test_train_cli import (
     Tree,

@@ -33,7 +33,7 @@ def learner_args(rig: NetRig, total_steps: int, lost_after_s: float) -> list[str
     # SlowEval sleeps 4 ms a step: a chunk (8 envs x 16 steps) takes about half a second of
     # sleep, so collection is paced by the envs, not by the CPU, and a kill lands mid-chunk.
     env_kwargs = {"log_path": str(rig.root / "evals.txt"), "delay_s": 0.004, "eval_delay_s": 0.0}
-    return [sys.executable, "-m", "clusterenv.learner.cli", "train", "--redis-url", rig.broker_url,
+    return [sys.executable, "-m", "clusterenv.learner.tools.cli", "train", "--redis-url", rig.broker_url,
             "--workers", "0", "--env", "tests.e2e.step_recorder:SlowEval-v0",
             "--env-kwargs", json.dumps(env_kwargs), "--envs-per-worker", "8", "--chunk-steps", "16",
             "--samples-per-insert", "2", "--learning-starts", "256", "--hidden", "64,64",

@@ -28,7 +28,7 @@ from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import net
 from tests.servers import Certs, PrivateRedis, flower, http_get, make_certs
 
-CLI = [sys.executable, "-m", "clusterenv.learner.cli"]
+CLI = [sys.executable, "-m", "clusterenv.learner.tools.cli"]
 ADMIN_PW = "admin-pw-5d1c"
 # What a worker (and a learner) needs, and no more: clusterenv's keys, Celery's queues, bindings
 # and reply queues, Pub/Sub for events, and no admin or dangerous commands (FLUSHALL, CONFIG,

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from clusterenv.learner.metrics import read_metrics
+from clusterenv.learner.run.metrics import read_metrics
 from tests.e2e.test_train_cli import (
     CLI,
     Tree,
@@ -59,7 +59,7 @@ def test_ppo_solves_cartpole_with_the_default_aps_rule(tmp_path):
     [
         (["--sync", "aps:0.01:value"], "divergence 'value' does not apply to categorical"),
         (["--max-policy-lag", "-1"], "--max-policy-lag must be >= 0"),
-        (["--ppo-hidden", "64,x"], "--ppo-hidden must be positive integers"),
+        (["--hidden", "64,x"], "--hidden must be positive integers"),
         (["--batch-steps", "2", "--num-minibatches", "4"], "--batch-steps must be at least"),
     ],
 )

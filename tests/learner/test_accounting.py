@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clusterenv.learner.accounting import RunAccounting, id_ranges
-from clusterenv.learner.ingest import Arrival
+from clusterenv.learner.run.accounting import RunAccounting, id_ranges
+from clusterenv.learner.run.ingest import Arrival
 
 
 def arrival(
@@ -94,7 +94,7 @@ def test_only_float_divergences_count():
 def test_metrics_rows_are_strict_json(tmp_path):
     import json
 
-    from clusterenv.learner.metrics import MetricsWriter, read_metrics
+    from clusterenv.learner.run.metrics import MetricsWriter, read_metrics
 
     writer = MetricsWriter(tmp_path / "m.jsonl")
     writer.write({"losses/td_loss": float("nan"), "x": float("inf"), "eval/return_mean": 9.5})

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clusterenv.learner.best import BestKeeper
-from clusterenv.learner.cli import main
-from clusterenv.learner.eval_checkpoint import load_policy
-from clusterenv.learner.evaluation import EvalResult
+from clusterenv.learner.persistence.best import BestKeeper
+from clusterenv.learner.run.evaluation import EvalResult
+from clusterenv.learner.tools.cli import main
+from clusterenv.learner.tools.eval_checkpoint import load_policy
 from clusterenv.pipeline.codec import decode_weights
 from tests.learner.test_eval_checkpoint import result, saved_run
 
@@ -80,7 +80,9 @@ def test_clusterenv_eval_plays_the_best_file(tmp_path, capsys):
     # The hand-set controller network of the eval tests, kept as the best: it balances the pole.
     run = saved_run(tmp_path / "run")
     saved = decode_weights((run / "final.safetensors").read_bytes())
-    acting = {k.removeprefix("q."): v for k, v in saved.items() if k.startswith("q.")}
+    acting = {
+        k.removeprefix("learner.q."): v for k, v in saved.items() if k.startswith("learner.q.")
+    }
     best = BestKeeper(run)
     best.asked(4, acting)
     assert best.evaluated(evaluation(4, 4000), 500.0)

@@ -1,7 +1,8 @@
 """Periodic checkpoints and what a resumed learner takes back (pure logic, no server).
 
-The trainer's parts are the real classes (DQN learner, replay, limiter, publisher, dispatcher,
-evaluation, accounting), with in-memory fakes only where they would talk to Redis or Celery.
+The run is the real one (learner/run/loop.py) with every component real; only its broker is the
+in-process FakeCluster of tests/fakes.py. Each component saves and restores itself
+(learner/persistence/components.py gathers them).
 """
 
 from __future__ import annotations
@@ -9,23 +10,18 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from clusterenv.learner.accounting import RunAccounting
-from clusterenv.learner.checkpoint import CheckpointError, Checkpoints, load_checkpoint
 from clusterenv.learner.config import TrainConfig
-from clusterenv.learner.dqn import DQNLearner
-from clusterenv.learner.evaluation import RemoteEvaluation
-from clusterenv.learner.ingest import Arrival
-from clusterenv.learner.publisher import Publisher
-from clusterenv.learner.rate_limiter import RateLimiter
-from clusterenv.learner.replay import ReplayBuffer
-from clusterenv.learner.resume import (
+from clusterenv.learner.persistence.checkpoint import CheckpointError, Checkpoints, load_checkpoint
+from clusterenv.learner.persistence.components import gather
+from clusterenv.learner.persistence.resume import (
+    Resumed,
     check_overrides,
     lock_run_dir,
     next_run_id,
@@ -33,93 +29,102 @@ from clusterenv.learner.resume import (
     run_ids,
     saved_config,
 )
-from clusterenv.learner.state import capture, restore
-from clusterenv.pipeline.chunks.dispatcher import Dispatcher
-from clusterenv.pipeline.chunks.stream import IngestStats
-from clusterenv.pipeline.keys import RunKeys
-from tests.fakes import Counter, FakeClock, FakeWeightSource, RecordingSend
+from clusterenv.learner.run.ingest import Arrival
+from clusterenv.learner.run.loop import Run
+from tests.fakes import FakeClock, FakeCluster
 
 
-def make_parts(checkpoint_replay: bool = True, seed: int = 0) -> SimpleNamespace:
-    """What learner/state.py reads and writes of a Trainer, built from the real classes."""
+def make_run(tmp_path: Path, checkpoint_replay: bool = True, seed: int = 0,
+             resume: Resumed | None = None) -> Run:  # fmt: skip
+    """A DQN run on CartPole's spaces with small settings, its broker in process."""
     cfg = TrainConfig(seed=seed)
-    cfg.dqn.hidden, cfg.dqn.batch_size, cfg.dqn.target_update_every = "32", 16, 7
-    cfg.replay.buffer_size, cfg.replay.learning_starts = 300, 16
+    d = cfg.agent
+    d.hidden, d.batch_size, d.target_update_every = "32", 16, 7
+    d.buffer_size, d.learning_starts, d.samples_per_insert = 300, 16, 2.0
+    # 8-step chunks: the limiter's band is 64 transitions wide, as 4 chunks of collection.
+    cfg.collection.envs_per_worker, cfg.collection.chunk_steps = 2, 4
     cfg.weights.reference_size = 8
     cfg.checkpoint.checkpoint_replay, cfg.checkpoint.checkpoints_kept = checkpoint_replay, 2
-    replay = ReplayBuffer(cfg.replay.buffer_size, (4,), np.dtype(np.float32))
-    limiter = RateLimiter(samples_per_insert=2.0, min_size=16, error_buffer=64.0)
-    return SimpleNamespace(
-        cfg=cfg, run_id="run-a", replay=replay, limiter=limiter,
-        learner=DQNLearner(4, 2, cfg.dqn, replay, limiter, seed),
-        publisher=Publisher(FakeWeightSource(), replay, cfg.weights, np.random.default_rng([seed, 1])),
-        dispatcher=Dispatcher(RecordingSend(), Counter(2), {"run_id": "run-a"}, 64, clock=FakeClock()),
-        evaluation=RemoteEvaluation(None, RunKeys("run-a"), RecordingSend(), "CartPole-v1", {}, 4, seed),
-        accounting=RunAccounting(), reader_stats=IngestStats(),
-        next_eval=2000, asked_at=-1, evals=[], hits=0, wall_before=0.0,
-    )  # fmt: skip
+    run_dir = tmp_path / f"run-{seed}-{len(list(tmp_path.iterdir()))}"
+    run_dir.mkdir()
+    return Run(cfg, FakeCluster().factory, run_dir, "run-a", resume)
 
 
-def train_a_while(p: SimpleNamespace, chunks: int = 5) -> None:
+def train_a_while(run: Run, chunks: int = 5) -> None:
     """Insert chunks (as ingest does), record their arrivals, take gradient steps, publish."""
     rng = np.random.default_rng(7)
     for c in range(chunks):
         n = 64
         obs = rng.normal(size=(n, 4)).astype(np.float32)
-        p.replay.add(obs, rng.integers(2, size=n), rng.normal(size=n).astype(np.float32),
-                     obs + 0.1, (rng.random(n) < 0.05).astype(np.float32))  # fmt: skip
-        p.limiter.on_insert(n)
+        run._store({"chunk": c, "policy_version": 0},
+                   {"obs": obs, "action": rng.integers(2, size=n),
+                    "reward": rng.normal(size=n).astype(np.float32), "next_obs": obs + 0.1,
+                    "terminated": rng.random(n) < 0.05})  # fmt: skip
         header = {"chunk": c, "worker": f"w{c % 2}", "env_steps": n, "divergence": 0.01 * c,
                   "sync": {"weight_fetches": c}, "episodes": [[10.0 + c, 10]]}  # fmt: skip
-        p.accounting.record(Arrival(header, n, c % 3, 5 * c))
-        while p.learner.step():
+        run.accounting.record(Arrival(header, n, c % 3, 5 * c))
+        while run.learner.step():
             pass
-        p.publisher.publish(p.learner.get_weights(), p.learner.updates)
-    p.dispatcher.next_id, p.dispatcher.lost = 9, 1
-    p.evaluation.next_id, p.evaluation.errors = 3, 1
-    p.next_eval, p.asked_at, p.evals, p.hits = 4000, 2000, [(2000, 21.5)], 1
-    p.reader_stats.chunks, p.reader_stats.rejected_reasons = chunks, {"foreign run 'x'": 2}
+        run.publish()
+    run.dispatcher.next_id, run.dispatcher.lost = 9, 1
+    run.evaluation.next_id, run.evaluation.errors = 3, 1
+    s = run.schedule
+    s.next_eval, s.asked_at, s.evals, s.hits = 4000, 2000, [(2000, 21.5)], 1
+    stats = run.ingest.reader.stats
+    stats.chunks, stats.rejected_reasons = chunks, {"foreign run 'x'": 2}
 
 
-def assert_same_state(a: SimpleNamespace, b: SimpleNamespace) -> None:
+def capture(run: Run, wall_s: float) -> tuple[dict[str, torch.Tensor], dict]:
+    """A checkpoint's contents, taken `wall_s` seconds into the run."""
+    run.t0 = time.perf_counter() - wall_s
+    return gather(run.components())
+
+
+def assert_same_state(a: Run, b: Run) -> None:
     ta, sa = capture(a, 12.5)
     tb, sb = capture(b, 12.5)
     assert sorted(ta) == sorted(tb)
     for name in ta:
         assert ta[name].dtype == tb[name].dtype and torch.equal(ta[name], tb[name]), name
+    sa.pop("run"), sb.pop("run")  # its wall clock
     assert json.loads(json.dumps(sa)) == json.loads(json.dumps(sb))
 
 
-def saved_and_restored(tmp_path: Path, replay: bool) -> tuple[SimpleNamespace, SimpleNamespace]:
-    a = make_parts(replay)
+def resumed_from(tmp_path: Path, tensors: dict, state: dict, newest_version: int = -1,
+                 replay: bool = True, seed: int = 5) -> Run:  # fmt: skip
+    resume = Resumed(tmp_path / "ckpt", tensors, state, ["run-a"], newest_version)
+    return make_run(tmp_path, replay, seed=seed, resume=resume)
+
+
+def saved_and_restored(tmp_path: Path, replay: bool) -> tuple[Run, Run]:
+    a = make_run(tmp_path, replay)
     train_a_while(a)
     Checkpoints(tmp_path, a.cfg.checkpoint).save(*capture(a, 12.5), a.learner.updates)
     _, tensors, state = Checkpoints(tmp_path, a.cfg.checkpoint).newest()
-    b = make_parts(replay, seed=5)  # different initial weights and generators
-    restore(b, tensors, state, newest_version=-1)
-    return a, b
+    # different initial weights and generators
+    return a, resumed_from(tmp_path, tensors, state, replay=replay)
 
 
 def test_a_checkpoint_round_trip_restores_every_tensor_and_counter(tmp_path):
     a, b = saved_and_restored(tmp_path, replay=True)
     assert a.learner.updates > 20 and b.learner.updates == a.learner.updates
     assert_same_state(a, b)
-    assert b.publisher.version == a.publisher.version and b.wall_before == 12.5
+    assert b.publisher.version == a.publisher.version and round(b.wall_before, 1) == 12.5
     assert b.accounting.env_steps == a.accounting.env_steps == 320
     assert b.accounting.sync_totals() == a.accounting.sync_totals()
-    assert b.evals == [(2000, 21.5)] and b.dispatcher.next_id == 9
+    assert b.schedule.evals == [(2000, 21.5)] and b.dispatcher.next_id == 9
     # Networks, Adam's moments and the sampling generator all came back: the next updates match.
-    for p in (a, b):
-        p.limiter.on_insert(64)
+    for run in (a, b):
+        run.agent.limiter.on_insert(64)
         for _ in range(8):
-            assert p.learner.step()
+            assert run.learner.step()
     for x, y in zip(a.learner.q.parameters(), b.learner.q.parameters(), strict=True):
         assert torch.equal(x, y)
 
 
 def test_without_replay_the_resumed_learner_refills_before_it_learns(tmp_path):
     a, b = saved_and_restored(tmp_path, replay=False)
-    assert b.replay.size == 0 and b.limiter.inserts == 0
+    assert b.learner.replay.size == 0 and b.agent.limiter.inserts == 0
     assert not b.learner.step()  # nothing to learn from until --learning-starts rows arrived
     for x, y in zip(a.learner.target.parameters(), b.learner.target.parameters(), strict=True):
         assert torch.equal(x, y)
@@ -130,27 +135,25 @@ def test_without_replay_the_resumed_learner_refills_before_it_learns(tmp_path):
 
 
 def test_versions_continue_above_everything_a_dead_learner_published(tmp_path):
-    a = make_parts()
+    a = make_run(tmp_path)
     train_a_while(a)
     tensors, state = capture(a, 1.0)
-    b = make_parts()
-    restore(b, tensors, state, newest_version=40)  # the broker saw v40 after the checkpoint
+    b = resumed_from(tmp_path, tensors, state, newest_version=40)  # the broker saw v40 since
     assert b.publisher.publish(b.learner.get_weights(), b.learner.updates) == 41
-    c = make_parts()
-    restore(c, tensors, state, newest_version=-1)  # the broker forgot: the checkpoint's own
+    c = resumed_from(tmp_path, tensors, state)  # the broker forgot: the checkpoint's own
     assert c.publisher.publish(c.learner.get_weights(), 0) == a.publisher.version + 1
 
 
 def test_an_evaluation_in_flight_is_asked_for_again_after_resume(tmp_path):
-    a = make_parts()
+    a = make_run(tmp_path)
     train_a_while(a)
     a.evaluation.request(a.publisher.version, 2000, parts=1)
     _, state = capture(a, 1.0)
-    assert state["evaluation"]["next_eval"] == 2000 and state["evaluation"]["asked_at"] == -1
+    assert state["schedule"]["next_eval"] == 2000 and state["schedule"]["asked_at"] == -1
 
 
 def test_only_the_newest_checkpoints_are_kept(tmp_path):
-    a = make_parts()
+    a = make_run(tmp_path)
     store = Checkpoints(tmp_path, a.cfg.checkpoint)
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "ckpt-00000099.safetensors.tmp").write_bytes(b"cut short")
@@ -166,7 +169,7 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
 
 
 def test_checkpoints_are_due_by_time_or_by_updates(tmp_path):
-    cfg = make_parts().cfg.checkpoint
+    cfg = make_run(tmp_path).cfg.checkpoint
     cfg.checkpoint_every_s, cfg.checkpoint_every_updates = 10.0, 100
     clock = FakeClock()
     store = Checkpoints(tmp_path, cfg, clock)
@@ -192,7 +195,7 @@ def _corrupt(path: Path, how: str) -> None:
 def test_a_damaged_checkpoint_is_refused_by_name_and_the_one_before_used(
     tmp_path, caplog, how, reason
 ):
-    a = make_parts()
+    a = make_run(tmp_path)
     store = Checkpoints(tmp_path, a.cfg.checkpoint)
     store.save(*capture(a, 0.0), 0)
     train_a_while(a)
@@ -203,7 +206,7 @@ def test_a_damaged_checkpoint_is_refused_by_name_and_the_one_before_used(
     assert newest.name in str(err.value)
     with caplog.at_level(logging.WARNING):
         path, _, state = store.newest()
-    assert path.name == "ckpt-00000000.safetensors" and state["updates"] == 0
+    assert path.name == "ckpt-00000000.safetensors" and state["learner"]["updates"] == 0
     assert newest.name in caplog.text and reason in caplog.text
     _corrupt(path, how)
     with pytest.raises(CheckpointError, match="no usable checkpoint"):
@@ -211,7 +214,7 @@ def test_a_damaged_checkpoint_is_refused_by_name_and_the_one_before_used(
 
 
 def test_a_checkpoint_is_safetensors_and_json_only_never_pickle(tmp_path):
-    a = make_parts()
+    a = make_run(tmp_path)
     train_a_while(a)
     path = Checkpoints(tmp_path, a.cfg.checkpoint).save(*capture(a, 0.0), 1)
     data = path.read_bytes()
@@ -224,17 +227,23 @@ def test_a_checkpoint_is_safetensors_and_json_only_never_pickle(tmp_path):
     ends = sorted(e for t in header.values() for e in t["data_offsets"])
     assert 8 + n + ends[-1] == len(data)
     assert sum(e - s for s, e in (t["data_offsets"] for t in header.values())) == ends[-1]
-    assert {"replay.obs", "optim.0.exp_avg", "target.layers.0.weight", "rng.torch"} <= set(header)
+    assert {
+        "learner.replay.obs",
+        "learner.optim.0.exp_avg",
+        "learner.target.layers.0.weight",
+        "learner.rng.torch",
+        "accounting.lag_versions",
+    } <= set(header)
 
 
 def test_a_resumed_run_keeps_its_config_except_what_may_change(tmp_path):
-    saved = make_parts().cfg
+    saved = make_run(tmp_path).cfg
     (tmp_path / "config.json").write_text(saved.to_json())
     assert saved_config(tmp_path) == saved
     given = saved_config(tmp_path)
     given.total_steps, given.workers, given.checkpoint.checkpoint_every_s = 5, 1, 2.0
     check_overrides(saved, given)  # allowed
-    given.dqn.lr = 0.5
+    given.agent.lr = 0.5
     with pytest.raises(
         ValueError, match=r"^--lr 0.5 contradicts the run's 0.0023; .*--total-steps"
     ):
@@ -260,7 +269,7 @@ def test_each_learner_of_a_run_directory_gets_its_own_run_id_and_the_lock(tmp_pa
 
 
 def test_a_resume_asks_again_for_a_password_config_json_does_not_keep():
-    from clusterenv.learner.resume import check_overrides
+    from clusterenv.learner.persistence.resume import check_overrides
 
     saved = TrainConfig(redis_url="redis://:***@broker:6379/0")
     with pytest.raises(ValueError, match="give --redis-url again"):

@@ -17,7 +17,7 @@ from tests.signals import default_stop_signals
 CHILD = textwrap.dedent(
     """
     import sys
-    from clusterenv.learner.cli import stop_on_signals
+    from clusterenv.learner.tools.cli import stop_on_signals
 
     def main() -> int:
         stop_on_signals()
@@ -48,7 +48,7 @@ def test_an_ignored_stop_signal_stays_ignored(tmp_path: Path):
     code = (
         "import os, signal\n"
         "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
-        "from clusterenv.learner.cli import stop_on_signals\n"
+        "from clusterenv.learner.tools.cli import stop_on_signals\n"
         "stop_on_signals()\n"
         "os.kill(os.getpid(), signal.SIGHUP)\n"
         "print('still here')\n"

@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-from clusterenv.learner.config import DQNConfig
-from clusterenv.learner.dqn import DQNLearner
-from clusterenv.learner.rate_limiter import RateLimiter
-from clusterenv.learner.replay import ReplayBuffer
-from clusterenv.learner.trainer import configure_torch
+from clusterenv.learner.dqn.config import DQNConfig
+from clusterenv.learner.dqn.learning import DQNLearner
+from clusterenv.learner.replay.rate_limiter import RateLimiter
+from clusterenv.learner.replay.uniform import ReplayBuffer
+from clusterenv.learner.run.loop import configure_torch
 
 OBS_DIM, ACTIONS = 3, 2
 
@@ -178,10 +178,10 @@ def test_plain_dqn_bootstraps_on_the_target_nets_max():
     """--no-double: the TD target uses max_a Q_target(s', a), not Q_target(s', argmax_a Q(s', a))."""
     import torch
 
-    from clusterenv.learner.config import DQNConfig
-    from clusterenv.learner.dqn import DQNLearner
-    from clusterenv.learner.rate_limiter import RateLimiter
-    from clusterenv.learner.replay import ReplayBuffer
+    from clusterenv.learner.dqn.config import DQNConfig
+    from clusterenv.learner.dqn.learning import DQNLearner
+    from clusterenv.learner.replay.rate_limiter import RateLimiter
+    from clusterenv.learner.replay.uniform import ReplayBuffer
 
     replay = ReplayBuffer(10, (4,), np.float32)
     limiter = RateLimiter(1.0, 1, 0.0)
@@ -239,7 +239,7 @@ def test_lr_falls_linearly_to_lr_end_over_the_budget_and_stays_there():
 
 
 def test_the_learner_thread_flushes_subnormal_floats_to_zero():
-    """What Trainer sets up: Adam's moments of silent units decay into subnormals, which are slow."""
+    """What the Run sets up: Adam's moments of silent units decay into subnormals, which are slow."""
     tiny = torch.finfo(torch.float32).tiny
     threads = torch.get_num_threads()
     torch.set_flush_denormal(False)

@@ -9,24 +9,26 @@ import numpy as np
 import pytest
 import torch
 
-from clusterenv.learner.checkpoint import save_checkpoint
-from clusterenv.learner.cli import main
-from clusterenv.learner.config import DQNConfig, TrainConfig
-from clusterenv.learner.dqn import DQNLearner
-from clusterenv.learner.rate_limiter import RateLimiter
-from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.dqn.config import DQNConfig
+from clusterenv.learner.dqn.learning import DQNLearner
+from clusterenv.learner.persistence.checkpoint import save_checkpoint
+from clusterenv.learner.persistence.components import gather
+from clusterenv.learner.replay.rate_limiter import RateLimiter
+from clusterenv.learner.replay.uniform import ReplayBuffer
+from clusterenv.learner.tools.cli import main
 
 RESULT = re.compile(r"greedy return (-?[\d.]+) ± ([\d.]+) over (\d+) episodes")
 
 
 def saved_run(run_dir, hidden: str = "2", controller: bool = True):
     """A run directory as the trainer leaves it: config.json and final.safetensors written by
-    DQNLearner.state_tensors + save_checkpoint. With `controller`, the Q-network is set by hand to
+    the learner's own save (gathered as the run's `learner` component) + save_checkpoint. With `controller`, the Q-network is set by hand to
     push the cart toward the side the pole falls to (3·θ + θ' > 0: right), which holds CartPole
     up for the full 500 steps; without it, the untrained network's random weights act."""
-    cfg = TrainConfig(dqn=DQNConfig(hidden=hidden))
+    cfg = TrainConfig(agent=DQNConfig(hidden=hidden))
     learner = DQNLearner(
-        4, 2, cfg.dqn, ReplayBuffer(64, (4,), np.float32), RateLimiter(1.0, 64, 0.0), 1
+        4, 2, cfg.agent, ReplayBuffer(64, (4,), np.float32), RateLimiter(1.0, 64, 0.0), 1
     )
     if controller:
         lean = torch.tensor([0.0, 0.0, 3.0, 1.0])
@@ -40,7 +42,7 @@ def saved_run(run_dir, hidden: str = "2", controller: bool = True):
             out.bias.zero_()
     run_dir.mkdir()
     (run_dir / "config.json").write_text(cfg.to_json())
-    save_checkpoint(run_dir, "final", learner.state_tensors(), {"env": cfg.env})
+    save_checkpoint(run_dir, "final", gather({"learner": learner})[0], {"env": cfg.env})
     return run_dir
 
 

@@ -7,8 +7,8 @@ import time
 import numpy as np
 import redis
 
-from clusterenv.learner.ingest import Ingest
-from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.learner.replay.uniform import ReplayBuffer
+from clusterenv.learner.run.ingest import Ingest
 from tests.fakes import FlakyReader
 
 

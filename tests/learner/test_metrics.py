@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from clusterenv.learner.metrics import MetricsWriter, read_metrics
+from clusterenv.learner.run.metrics import MetricsWriter, read_metrics
 from tests.tfevents import read_scalars
 
 

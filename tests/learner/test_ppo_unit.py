@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from clusterenv.learner.config import PPOConfig
-from clusterenv.learner.ppo import PPOLearner, QueuedChunk, gae, ppo_loss
-from clusterenv.learner.rate_limiter import RateLimiter
+from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.ppo.config import PPOConfig
+from clusterenv.learner.ppo.learning import PPOLearner, QueuedChunk
+from clusterenv.learner.ppo.loss import gae, ppo_loss
+from clusterenv.learner.replay.rate_limiter import RateLimiter
 
 
 def test_ratio_is_taken_against_the_behaviour_log_probs():
     cfg = PPOConfig(
-        norm_adv=False, clip_coef=0.2, ent_coef=0.0, vf_coef=0.0, ppo_clip_center="behaviour"
+        norm_adv=False, clip_coef=0.2, ent_coef=0.0, vf_coef=0.0, clip_center="behaviour"
     )
     logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0], [0.0, 0.0]])  # π_θ: ½, ¾, ½
     action = torch.tensor([0, 0, 1])
@@ -38,7 +40,7 @@ def test_ratio_is_taken_against_the_behaviour_log_probs():
 
 def test_decoupled_clip_centres_on_the_learner_and_weights_by_the_truncated_behaviour_ratio():
     cfg = PPOConfig(
-        norm_adv=False, clip_coef=0.2, ent_coef=0.0, vf_coef=0.0, ppo_clip_center="behaviour"
+        norm_adv=False, clip_coef=0.2, ent_coef=0.0, vf_coef=0.0, clip_center="behaviour"
     )
     logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0], [0.0, 0.0]])  # π_θ: ½, ¾, ½
     action = torch.tensor([0, 0, 1])
@@ -47,7 +49,7 @@ def test_decoupled_clip_centres_on_the_learner_and_weights_by_the_truncated_beha
     adv = torch.tensor([1.0, 1.0, -2.0])
     mb = {"action": action, "logp": behaviour.log(), "logp_learner": learner.log(),
           "advantages": adv, "values": torch.zeros(3), "returns": torch.zeros(3)}  # fmt: skip
-    decoupled = dataclasses.replace(cfg, ppo_clip_center="learner")
+    decoupled = dataclasses.replace(cfg, clip_center="learner")
     parts = ppo_loss(logits, torch.zeros(3), mb, decoupled)
     ratio = np.array([0.5, 0.75, 0.5]) / learner.numpy()  # 1.11, 1.07, 0.83: inside the clip
     weight = np.minimum(1.0, (learner / behaviour).numpy())  # 1 (1.125 truncated), 1, 0.75
@@ -65,7 +67,7 @@ def test_decoupled_clip_centres_on_the_learner_and_weights_by_the_truncated_beha
 
 
 def test_gradient_flows_through_the_clipped_ratio_only_where_it_is_unclipped():
-    cfg = PPOConfig(norm_adv=False, ent_coef=0.0, vf_coef=0.0, ppo_clip_center="behaviour")
+    cfg = PPOConfig(norm_adv=False, ent_coef=0.0, vf_coef=0.0, clip_center="behaviour")
     logits = torch.zeros(2, 2, requires_grad=True)
     mb = {"action": torch.tensor([0, 0]), "logp": torch.tensor([0.5, 0.45]).log(),
           "advantages": torch.tensor([1.0, 1.0]), "values": torch.zeros(2),
@@ -131,9 +133,9 @@ def test_vtrace_cuts_the_trace_at_each_later_actions_ratio_and_weights_the_targe
 
 
 def test_vtrace_takes_its_ratios_from_the_learners_policy_and_the_behaviour_log_probs():
-    cfg = PPOConfig(batch_steps=32, ppo_advantages="vtrace", gae_lambda=0.9)
-    learner = PPOLearner((4,), np.dtype(np.float32), 2, cfg, RateLimiter(1.0, 0, 10_000),
-                         lambda version: 0, recent_rows=64, seed=0)  # fmt: skip
+    cfg = PPOConfig(batch_steps=32, advantages="vtrace", gae_lambda=0.9)
+    learner = PPOLearner(4, 2, cfg, RateLimiter(1.0, 0, 10_000),
+                         lambda version: 0, seed=0)  # fmt: skip
     _, arrays = chunk(32, version=0)
     arrays["logp"][::2] = math.log(0.9)  # a stale worker was sure of half its actions
     data = learner._prepare([QueuedChunk(0, arrays)])
@@ -144,11 +146,11 @@ def test_vtrace_takes_its_ratios_from_the_learners_policy_and_the_behaviour_log_
         next_value = learner.critic(torch.as_tensor(arrays["next_obs"])).squeeze(1).double().numpy()
     want_adv, want_ret = gae(arrays["reward"].astype(np.float64), value, next_value,
                              arrays["terminated"], arrays["truncated"], arrays["env_index"],
-                             cfg.ppo_gamma, cfg.gae_lambda, rho)  # fmt: skip
+                             cfg.gamma, cfg.gae_lambda, rho)  # fmt: skip
     np.testing.assert_allclose(data["advantages"].numpy(), want_adv, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(data["returns"].numpy(), want_ret, rtol=1e-5, atol=1e-6)
-    plain = PPOLearner((4,), np.dtype(np.float32), 2, dataclasses.replace(cfg, ppo_advantages="gae"),
-                       RateLimiter(1.0, 0, 10_000), lambda version: 0, recent_rows=64, seed=0)  # fmt: skip
+    plain = PPOLearner(4, 2, dataclasses.replace(cfg, advantages="gae"),
+                       RateLimiter(1.0, 0, 10_000), lambda version: 0, seed=0)  # fmt: skip
     assert not np.allclose(plain._prepare([QueuedChunk(0, arrays)])["returns"].numpy(),
                            data["returns"].numpy())  # fmt: skip
 
@@ -172,8 +174,8 @@ def test_a_chunk_past_the_max_lag_is_dropped_and_counted():
     newest = {"v": 10}
     limiter = RateLimiter(1.0, 0, 10_000)
     cfg = PPOConfig(batch_steps=64, max_policy_lag=3, num_minibatches=2, update_epochs=1)
-    learner = PPOLearner((4,), np.dtype(np.float32), 2, cfg, limiter,
-                         lambda version: newest["v"] - version, recent_rows=256, seed=0)  # fmt: skip
+    learner = PPOLearner(4, 2, cfg, limiter,
+                         lambda version: newest["v"] - version, seed=0)  # fmt: skip
     learner.insert(*chunk(32, version=7, seed=2))  # 3 behind: still used
     learner.insert(*chunk(32, version=6, seed=1))  # 4 versions behind: past the max lag
     learner.insert(*chunk(16, version=6, seed=4))  # and another of the same version
@@ -190,8 +192,8 @@ def test_a_chunk_past_the_max_lag_is_dropped_and_counted():
 
 def test_the_decoupled_centre_is_the_learners_policy_before_the_update():
     cfg = PPOConfig(batch_steps=32)  # the default centre: the learner
-    learner = PPOLearner((4,), np.dtype(np.float32), 2, cfg, RateLimiter(1.0, 0, 10_000),
-                         lambda version: 0, recent_rows=64, seed=0)  # fmt: skip
+    learner = PPOLearner(4, 2, cfg, RateLimiter(1.0, 0, 10_000),
+                         lambda version: 0, seed=0)  # fmt: skip
     header, arrays = chunk(32, version=0)
     data = learner._prepare([QueuedChunk(0, arrays)])
     logits = learner.actor(torch.as_tensor(arrays["obs"]))
@@ -209,8 +211,8 @@ def test_the_decoupled_centre_is_the_learners_policy_before_the_update():
 def test_published_weights_are_the_policy_network_the_workers_read():
     from clusterenv.pipeline.policy import NumpyMLP
 
-    learner = PPOLearner((4,), np.dtype(np.float32), 3, PPOConfig(), RateLimiter(1.0, 0, 1.0),
-                         lambda v: 0, recent_rows=16, seed=0)  # fmt: skip
+    learner = PPOLearner(4, 3, PPOConfig(), RateLimiter(1.0, 0, 1.0),
+                         lambda v: 0, seed=0)  # fmt: skip
     weights = learner.get_weights()
     assert set(weights) == {f"layers.{i}.{p}" for i in range(3) for p in ("weight", "bias")}
     obs = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
@@ -219,64 +221,62 @@ def test_published_weights_are_the_policy_network_the_workers_read():
     np.testing.assert_allclose(NumpyMLP(weights)(obs), torch_logits, rtol=1e-5, atol=1e-6)
 
 
-def test_state_tensors_restore_into_a_fresh_learner():
+def test_save_restores_into_a_fresh_learner():
     def fresh(seed: int) -> PPOLearner:
-        return PPOLearner((4,), np.dtype(np.float32), 2, PPOConfig(), RateLimiter(1.0, 0, 1.0),
-                          lambda v: 0, recent_rows=16, seed=seed)  # fmt: skip
+        return PPOLearner(4, 2, PPOConfig(), RateLimiter(1.0, 0, 1.0), lambda v: 0, seed=seed)
 
     saved, other = fresh(0), fresh(1)
     assert not np.allclose(
         saved.get_weights()["layers.0.weight"], other.get_weights()["layers.0.weight"]
     )
-    other.restore(saved.state_tensors())
-    for name, value in saved.state_tensors().items():
-        torch.testing.assert_close(other.state_tensors()[name], value)
+    saved.dropped_chunks, saved.dropped_rows = 2, 48
+    other.restore(*saved.save())
+    arrays, values = saved.save()
+    for name, value in other.save()[0].items():
+        np.testing.assert_array_equal(arrays[name], value, err_msg=name)
+    assert other.save()[1] == values and (other.dropped_chunks, other.dropped_rows) == (2, 48)
 
 
 def test_aps_workers_get_a_version_guard_below_the_max_policy_lag():
     import gymnasium as gym
 
-    from clusterenv.learner.algorithm import build_algorithm
+    from clusterenv.learner.agents import build_agent
     from clusterenv.learner.config import TrainConfig
 
-    space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-    cfg = TrainConfig(algo="ppo")
-    cfg.ppo.max_policy_lag = 10
-    algo = build_algorithm(cfg, space, 2, lambda v: 0)
-    assert (algo.policy, algo.max_lag_versions, algo.publish_every) == ("categorical", 5, 1)
-    assert set(algo.extra_specs) == {"logp"}
+    space, actions = gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2)
+    cfg = TrainConfig.for_algo("ppo")
+    cfg.agent.max_policy_lag = 10
+    agent = build_agent(cfg, space, actions, lambda v: 0)
+    assert (agent.policy, agent.max_lag_versions, agent.publish_every) == ("categorical", 5, 1)
+    assert set(agent.extra_specs) == {"logp"}
     cfg.weights.max_lag_versions = 3  # the user's tighter guard stands
-    assert build_algorithm(cfg, space, 2, lambda v: 0).max_lag_versions == 3
+    assert build_agent(cfg, space, actions, lambda v: 0).max_lag_versions == 3
     cfg.weights.sync, cfg.weights.max_lag_versions = "on-change", 0  # no APS: no guard to send
-    assert build_algorithm(cfg, space, 2, lambda v: 0).max_lag_versions == 0
-    dqn = build_algorithm(TrainConfig(), space, 2, lambda v: 0)
+    assert build_agent(cfg, space, actions, lambda v: 0).max_lag_versions == 0
+    dqn = build_agent(TrainConfig(), space, actions, lambda v: 0)
     assert (dqn.policy, dqn.max_lag_versions, dqn.extra_specs) == ("epsilon_greedy", 0, {})
 
 
 def test_a_ppo_checkpoint_round_trip_restores_the_networks_and_adam(tmp_path):
-    from clusterenv.learner.checkpoint import Checkpoints
-    from clusterenv.learner.state import capture, restore
-    from tests.learner.test_checkpoint import make_parts
+    from clusterenv.learner.persistence.checkpoint import Checkpoints
+    from clusterenv.learner.persistence.components import gather, scatter
 
-    def ppo_parts(seed: int):
-        p = make_parts(checkpoint_replay=False, seed=seed)
+    def fresh(seed: int) -> PPOLearner:
         cfg = PPOConfig(batch_steps=32, num_minibatches=2, update_epochs=2)
-        p.limiter = RateLimiter(1.0, 0, 1e6)
-        p.learner = PPOLearner((4,), np.dtype(np.float32), 2, cfg, p.limiter, lambda v: 0,
-                               recent_rows=64, seed=seed)  # fmt: skip
-        return p
+        return PPOLearner(4, 2, cfg, RateLimiter(1.0, 0, 1e6), lambda v: 0, seed=seed)
 
-    a = ppo_parts(0)
+    a = fresh(0)
     for c in range(3):
-        a.learner.insert(*chunk(32, version=0, seed=c))
-        assert a.learner.step()
-    Checkpoints(tmp_path, a.cfg.checkpoint).save(*capture(a, 1.0), a.learner.updates)
-    _, tensors, state = Checkpoints(tmp_path, a.cfg.checkpoint).newest()
-    b = ppo_parts(5)
-    restore(b, tensors, state, newest_version=-1)
-    assert b.learner.updates == 3 and b.learner.last_loss == pytest.approx(a.learner.last_loss)
-    for p in (a, b):  # the same data gives the same update: networks, Adam and generator are back
-        p.learner.insert(*chunk(32, version=0, seed=9))
-        assert p.learner.step()
-    for name, value in a.learner.state_tensors().items():
-        torch.testing.assert_close(b.learner.state_tensors()[name], value)
+        a.insert(*chunk(32, version=0, seed=c))
+        assert a.step()
+    store = Checkpoints(tmp_path, TrainConfig().checkpoint)
+    store.save(*gather({"learner": a}), a.updates)
+    _, tensors, state = store.newest()
+    b = fresh(5)
+    scatter({"learner": b}, tensors, state)
+    assert b.updates == 3 and b.last_loss == pytest.approx(a.last_loss)
+    for learner in (a, b):  # the same data gives the same update: networks, Adam and generator
+        learner.insert(*chunk(32, version=0, seed=9))
+        assert learner.step()
+    for name, value in a.save()[0].items():
+        np.testing.assert_array_equal(b.save()[0][name], value, err_msg=name)

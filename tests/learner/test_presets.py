@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from clusterenv.learner.cli import CliError, parse_train
 from clusterenv.learner.config import TrainConfig
-from clusterenv.learner.presets import EVERY_ENV, defaults_for, load_presets, preset_choice
+from clusterenv.learner.tools.cli import CliError, parse_train
+from clusterenv.learner.tools.presets import EVERY_ENV, defaults_for, load_presets, preset_choice
 
 SHIPPED = [(algo, env) for algo, envs in load_presets().items() for env in envs if env != EVERY_ENV]
 
@@ -28,9 +28,10 @@ def test_the_envs_the_issue_names_have_dqn_presets():
 def test_a_dqn_preset_does_not_reach_a_ppo_run():
     dqn = parse_train(["--env", "Acrobot-v1"])
     ppo = parse_train(["--env", "Acrobot-v1", "--algo", "ppo"])
-    assert dqn.total_steps == 100_000 and dqn.dqn.batch_size == 128
+    assert dqn.total_steps == 100_000 and dqn.agent.batch_size == 128
     assert ppo.total_steps == 200_000  # PPO's own entry
-    assert ppo.dqn == TrainConfig().dqn and ppo.replay == TrainConfig().replay
+    # DQN's Acrobot entry sets lr 6.3e-4; PPO's sets none: PPO keeps its own default.
+    assert ppo.agent.lr == TrainConfig.for_algo("ppo").agent.lr == 2.5e-4
 
 
 def test_cartpole_dqn_syncs_on_change_unless_a_flag_says_otherwise():
@@ -52,41 +53,41 @@ def test_cartpole_dqn_collects_chunks_of_128_steps_per_env_unless_a_flag_says_ot
 
 def test_flags_override_the_preset_and_config_json_records_what_was_used():
     cfg = parse_train(["--env", "Acrobot-v1", "--lr", "1e-3"])
-    assert cfg.dqn.lr == 1e-3  # the flag
-    assert cfg.dqn.batch_size == 128 and cfg.replay.samples_per_insert == 128.0  # the preset
+    assert cfg.agent.lr == 1e-3  # the flag
+    assert cfg.agent.batch_size == 128 and cfg.agent.samples_per_insert == 128.0  # the preset
     recorded = json.loads(cfg.to_json())
-    assert recorded["preset"] is True and recorded["dqn"]["batch_size"] == 128
+    assert recorded["preset"] is True and recorded["agent"]["batch_size"] == 128
 
 
 def test_no_preset_gives_the_plain_defaults():
     plain = TrainConfig(env="Acrobot-v1")
     cfg = parse_train(["--env=Acrobot-v1", "--no-preset"])
-    assert cfg.dqn == plain.dqn and cfg.replay == plain.replay and not cfg.preset
+    assert cfg.agent == plain.agent and not cfg.preset
 
 
 def test_an_env_without_an_entry_keeps_the_defaults():
-    assert parse_train(["--env", "Pendulum-v1"]).dqn == TrainConfig().dqn
+    assert parse_train(["--env", "Pendulum-v1"]).agent == TrainConfig().agent
 
 
 def test_every_ppo_run_gets_the_measured_sync_settings_below_its_env_entry_and_the_flags():
-    plain = TrainConfig(algo="ppo")
-    assert (plain.weights.sync, plain.ppo.max_policy_lag) != ("aps:0.02", 32)
+    plain = TrainConfig.for_algo("ppo")
+    assert (plain.weights.sync, plain.agent.max_policy_lag) != ("aps:0.02", 32)
     for env in ("CartPole-v1", "Acrobot-v1", "Pendulum-v1"):  # the last has no entry of its own
         cfg = parse_train(["--algo", "ppo", "--env", env])
-        assert (cfg.weights.sync, cfg.ppo.max_policy_lag, cfg.weights.reference_size) == (
+        assert (cfg.weights.sync, cfg.agent.max_policy_lag, cfg.weights.reference_size) == (
             "aps:0.02",
             32,
             32,
         ), env
     assert parse_train(["--algo", "ppo", "--env", "Acrobot-v1"]).total_steps == 200_000
     flags = parse_train(["--algo", "ppo", "--sync", "on-change", "--max-policy-lag", "4"])
-    assert (flags.weights.sync, flags.ppo.max_policy_lag, flags.weights.reference_size) == (
+    assert (flags.weights.sync, flags.agent.max_policy_lag, flags.weights.reference_size) == (
         "on-change",
         4,
         32,
     )
     off = parse_train(["--algo", "ppo", "--no-preset"])
-    assert off.weights == plain.weights and off.ppo == plain.ppo
+    assert off.weights == plain.weights and off.agent == plain.agent
     # DQN has no "*" entry: an env entry without sync settings keeps the defaults
     assert parse_train(["--env", "Acrobot-v1"]).weights == TrainConfig().weights
 
@@ -95,8 +96,8 @@ def test_an_env_entry_overrides_the_every_env_entry(tmp_path):
     path = tmp_path / "presets.toml"
     path.write_text('[dqn."*"]\nlr = 0.1\nbatch_size = 32\n[dqn."X-v0"]\nlr = 0.2\n')
     cfg = defaults_for("X-v0", "dqn", use_preset=True, path=path)
-    assert (cfg.dqn.lr, cfg.dqn.batch_size) == (0.2, 32)
-    assert defaults_for("Y-v0", "dqn", use_preset=True, path=path).dqn.lr == 0.1
+    assert (cfg.agent.lr, cfg.agent.batch_size) == (0.2, 32)
+    assert defaults_for("Y-v0", "dqn", use_preset=True, path=path).agent.lr == 0.1
     path.write_text('[dqn."*"]\nlrr = 0.1\n')
     with pytest.raises(ValueError, match="preset for dqn on every env: 'lrr'"):
         defaults_for("Y-v0", "dqn", use_preset=True, path=path)

@@ -4,9 +4,9 @@ import json
 
 import numpy as np
 
-from clusterenv.learner.cli import main
-from clusterenv.learner.metrics import MetricsWriter
-from clusterenv.learner.report import band, load_run, write_report
+from clusterenv.learner.run.metrics import MetricsWriter
+from clusterenv.learner.tools.cli import main
+from clusterenv.learner.tools.report import band, load_run, write_report
 
 
 def fake_run(parent, name, sync, solve_at, fetches, last=10000):

@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 import time
 
-from clusterenv.learner.cli import main
-from clusterenv.learner.progress import Progress
-from clusterenv.learner.status import RunStatus, read_statuses
+from clusterenv.learner.run.progress import Progress
+from clusterenv.learner.run.status import RunStatus
+from clusterenv.learner.tools.cli import main
+from clusterenv.pipeline.cluster.status_board import RedisStatusBoard
 from clusterenv.pipeline.keys import RunKeys
 
 
 def test_progress_publishes_a_status_that_clusterenv_status_shows(
     redis_url, client, run_id, capsys
 ):
-    board = RunStatus(client, RunKeys(run_id), "CartPole-v1", every_s=3600.0)
+    board = RunStatus(RedisStatusBoard(client), run_id, "CartPole-v1", every_s=3600.0)
     progress = Progress(50_000, status_every_s=3600.0, board=board)
     progress.tick(1024, float("nan"), 3, lambda: 7)  # the first tick publishes at once
     progress.tick(2048, 150.0, 4, lambda: 9)  # not due again for an hour: unchanged
@@ -38,9 +39,9 @@ def test_end_states_and_the_newest_first(client, run_id):
     ends = [({"interrupted": True}, "interrupted"), ({"failed": "broker gone"}, "failed"),
             ({"solved": False}, "budget spent")]  # fmt: skip
     for i, (summary, _) in enumerate(ends):
-        RunStatus(client, RunKeys(f"{run_id}-{i}"), "Acrobot-v1").finish(summary)
+        RunStatus(RedisStatusBoard(client), f"{run_id}-{i}", "Acrobot-v1").finish(summary)
         time.sleep(0.01)  # statuses are ordered by their millisecond timestamps
-    mine = [s for s in read_statuses(client) if s["run_id"].startswith(run_id)]
+    mine = [s for s in RedisStatusBoard(client).read_all() if s["run_id"].startswith(run_id)]
     assert [s["state"] for s in mine] == [state for _, state in reversed(ends)]
     ttl = client.ttl(RunKeys(f"{run_id}-0").status)
     assert 0 < ttl <= 3600  # statuses expire with the run's other keys

@@ -125,8 +125,8 @@ def check_celery(argv: list[str]) -> None:
 
 
 def check_clusterenv(argv: list[str]) -> None:
-    from clusterenv.learner.cli import parse
     from clusterenv.learner.config import TrainConfig
+    from clusterenv.learner.tools.cli import parse
 
     assert argv[0] == "train", argv
     cfg = parse(TrainConfig, argv[1:], "clusterenv train")

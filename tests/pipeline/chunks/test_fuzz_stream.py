@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterenv.learner.config import DQNConfig
-from clusterenv.learner.dqn import DQNLearner
-from clusterenv.learner.ingest import Ingest
-from clusterenv.learner.rate_limiter import RateLimiter
-from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.learner.dqn.config import DQNConfig
+from clusterenv.learner.dqn.learning import DQNLearner
+from clusterenv.learner.replay.rate_limiter import RateLimiter
+from clusterenv.learner.replay.uniform import ReplayBuffer
+from clusterenv.learner.run.ingest import Ingest
 from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from clusterenv.learner.evaluation import RemoteEvaluation
+from clusterenv.learner.run.evaluation import RemoteEvaluation
 from clusterenv.pipeline.chunks.actor import env_seeds, eval_seeds
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK
 from clusterenv.pipeline.cluster.celery_client import celery_client
@@ -18,6 +18,7 @@ from clusterenv.pipeline.cluster.embedded import Stack
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.evaluation.request import EvalRequest
+from clusterenv.pipeline.evaluation.results import RedisEvalResults
 from clusterenv.pipeline.evaluation.runner import greedy_returns
 from clusterenv.pipeline.keys import COLLECT_QUEUE, EVAL_QUEUE, RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
@@ -25,6 +26,12 @@ from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import FakeClock, RecordingSend, net, url_of
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def remote(client, keys: RunKeys, send, *args, **kwargs) -> RemoteEvaluation:
+    """The learner's RemoteEvaluation on the real broker's roles."""
+    return RemoteEvaluation(keys.run_id, RedisEvalResults(client, keys), WorkerRegistry(client),
+                            send, *args, **kwargs)  # fmt: skip
 
 
 def wait_for(evaluation: RemoteEvaluation, timeout_s: float = 60.0):
@@ -50,7 +57,7 @@ def test_workers_return_what_a_local_rollout_returns(workers, client, run_id, pa
     RedisWeightSource(client, RunKeys(run_id)).publish(net(0))
     celery = celery_client(url_of(client))
     try:
-        evaluation = RemoteEvaluation(
+        evaluation = remote(
             client, RunKeys(run_id), lambda name, kw: celery.send_task(name, kwargs=kw),
             "CartPole-v1", {}, episodes=5, seed=100,
         )  # fmt: skip
@@ -75,7 +82,7 @@ def test_a_worker_that_only_evaluates_is_counted_apart_and_takes_no_chunk(tmp_pa
         celery = celery_client(stack.redis_url)
         try:
             send = lambda name, kw: celery.send_task(name, kwargs=kw)  # noqa: E731
-            evaluation = RemoteEvaluation(
+            evaluation = remote(
                 client, RunKeys(run_id), send, "CartPole-v1", {}, episodes=3, seed=5
             )
             evaluation.request(version=0, env_steps=0, parts=2)
@@ -90,7 +97,7 @@ def test_a_worker_that_only_evaluates_is_counted_apart_and_takes_no_chunk(tmp_pa
 
 def test_parts_split_the_episodes_and_duplicates_count_once(client, run_id):
     keys, send, clock = RunKeys(run_id), RecordingSend(), FakeClock()
-    evaluation = RemoteEvaluation(client, keys, send, "CartPole-v1", {}, 5, seed=10, clock=clock)
+    evaluation = remote(client, keys, send, "CartPole-v1", {}, 5, seed=10, clock=clock)
     evaluation.request(version=3, env_steps=50, parts=2)
     reqs = [EvalRequest.from_json(kw) for _, kw in send.sent]
     seeds = eval_seeds(10, 0, 5)
@@ -114,7 +121,7 @@ def test_parts_split_the_episodes_and_duplicates_count_once(client, run_id):
 
 def test_a_part_whose_worker_is_gone_loses_the_evaluation(client, run_id):
     keys, clock = RunKeys(run_id), FakeClock()
-    evaluation = RemoteEvaluation(client, keys, RecordingSend(), "CartPole-v1", {}, 4, 10, clock)
+    evaluation = remote(client, keys, RecordingSend(), "CartPole-v1", {}, 4, 10, clock)
     evaluation.request(version=3, env_steps=50, parts=2)
     alive, dead = f"alive-{run_id}@h", f"dead-{run_id}@h"
     WorkerRegistry(client).announce(alive, 1, ttl_s=60)
@@ -144,7 +151,7 @@ def test_an_evicted_version_is_evaluated_as_the_newest_and_said_so(workers, clie
     source.publish(net(5))  # v0 is deleted
     celery = celery_client(url_of(client))
     try:
-        evaluation = RemoteEvaluation(
+        evaluation = remote(
             client, keys, lambda name, kw: celery.send_task(name, kwargs=kw),
             "CartPole-v1", {}, episodes=2, seed=7,
         )  # fmt: skip

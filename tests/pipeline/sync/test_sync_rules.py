@@ -13,7 +13,7 @@ from tests.fakes import REF, net
 
 
 class Learner:
-    """Publishes versions with probes, as clusterenv.learner.trainer does."""
+    """Publishes versions with probes, as clusterenv.learner.run.loop does."""
 
     def __init__(self, client, run_id: str, keep: int = 64):
         self.source = RedisWeightSource(client, RunKeys(run_id), keep=keep)

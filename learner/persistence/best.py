@@ -16,17 +16,26 @@ import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
-from clusterenv.learner.checkpoint import save_checkpoint
-from clusterenv.learner.evaluation import EvalResult
+from clusterenv.learner.persistence.checkpoint import save_checkpoint
 
 log = logging.getLogger(__name__)
 
 BEST = "best"
+
+
+class Evaluated(Protocol):
+    """What the keeper reads of a finished evaluation (learner/run/evaluation.py's EvalResult)."""
+
+    version: int
+    env_steps: int
+    returns: np.ndarray
+    versions_evaluated: set[int]
 
 
 class BestKeeper:
@@ -56,7 +65,7 @@ class BestKeeper:
         """An evaluation of `version`, whose acting network is `weights`, was requested."""
         self._asked = (version, weights)
 
-    def evaluated(self, result: EvalResult, mean: float) -> bool:
+    def evaluated(self, result: Evaluated, mean: float) -> bool:
         """Keep the network if its evaluation is the best so far; whether it was kept."""
         if self._asked is None or self._asked[0] != result.version:
             return False

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from clusterenv.learner.metrics import read_metrics
+from clusterenv.learner.run.metrics import read_metrics
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:

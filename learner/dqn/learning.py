@@ -1,9 +1,9 @@
 """Double DQN: a Q-network, its target copy, and one gradient step on a replay minibatch.
 
 `DQNLearner.step()` is one update on a minibatch sampled from replay, when the rate limiter
-allows it; `update(batch)` is the math alone. The update's backward pass is written out by hand
-(`QNetwork.backward`): for a small MLP on one CPU core, autograd's bookkeeping cost more than the
-matrix products (bench/update_cost.py), and tests check the result against autograd's.
+allows it; `update(batch)` is the math alone, with the Q-network's backward pass written out by
+hand (learner/core/networks.py). The learner owns replay and the rate limiter, and saves them
+with its networks and Adam's state when the run keeps replay in checkpoints.
 """
 
 from __future__ import annotations
@@ -16,54 +16,11 @@ import torch
 from torch import nn
 from torch.optim.adam import adam as functional_adam
 
-from clusterenv.learner.config import DQNConfig
-from clusterenv.learner.rate_limiter import RateLimiter
-from clusterenv.learner.replay import ReplayBuffer
-
-
-class QNetwork(nn.Module):
-    """MLP from observations to one Q-value per action."""
-
-    def __init__(self, obs_dim: int, num_actions: int, hidden: list[int]):
-        super().__init__()
-        sizes = [obs_dim, *hidden, num_actions]
-        self.layers = nn.ModuleList(
-            nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)
-        )
-        # The same Parameter objects for the net's life: load_state_dict copies into them.
-        self._weights_and_biases = [(layer.weight, layer.bias) for layer in self.layers]
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.forward_keeping_inputs(obs)[0]
-
-    def forward_keeping_inputs(self, obs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Q-values, and each layer's input (what `backward` needs)."""
-        # Plain tensors and F.linear: per-call Module and ModuleList overhead cost more than a
-        # 64 x 256 matrix product here (a py-spy profile of a CartPole run).
-        x, inputs = obs.reshape(len(obs), -1), []
-        for i, (weight, bias) in enumerate(self._weights_and_biases):
-            if i > 0:
-                x = torch.relu(x)
-            inputs.append(x)
-            x = nn.functional.linear(x, weight, bias)
-        return x, inputs
-
-    def backward(self, grad_q: torch.Tensor, inputs: list[torch.Tensor]) -> None:
-        """Write d(loss)/d(parameter) into each parameter's `.grad`, given d(loss)/d(Q-values)
-        and the layer inputs from `forward_keeping_inputs`. The `.grad` tensors must exist."""
-        g = grad_q
-        for i in reversed(range(len(inputs))):
-            weight, bias = self._weights_and_biases[i]
-            torch.mm(g.t(), inputs[i], out=weight.grad)
-            torch.sum(g, 0, out=bias.grad)
-            if i > 0:
-                # A ReLU's output is 0 or positive, so its sign is the ReLU's derivative
-                # (and cheaper here than a boolean mask).
-                g = g.mm(weight).mul_(inputs[i].sign())
-
-    def get_weights(self) -> dict[str, np.ndarray]:
-        """Numpy copies named `layers.{i}.weight|bias`, the names clusterenv.pipeline.policy.NumpyMLP reads."""
-        return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
+from clusterenv.learner.core.agent import State
+from clusterenv.learner.core.networks import MLP, hidden_sizes, restore_training, save_training
+from clusterenv.learner.dqn.config import DQNConfig
+from clusterenv.learner.replay.rate_limiter import RateLimiter
+from clusterenv.learner.replay.uniform import ReplayBuffer
 
 
 class DQNLearner:
@@ -77,11 +34,15 @@ class DQNLearner:
         replay: ReplayBuffer,
         limiter: RateLimiter,
         seed: int,
+        total_steps: int = 0,
+        save_replay: bool = False,
     ):
+        """`total_steps`: the run's env-step budget (the lr schedule's end); `save_replay`:
+        replay and the rate limiter go into checkpoints too (--checkpoint-replay)."""
         torch.manual_seed(seed)
-        hidden = cfg.hidden_sizes()
-        self.q = QNetwork(obs_dim, num_actions, hidden)
-        self.target = QNetwork(obs_dim, num_actions, hidden)
+        hidden = hidden_sizes(cfg.hidden)
+        self.q = MLP(obs_dim, num_actions, hidden)
+        self.target = MLP(obs_dim, num_actions, hidden)
         self.target.load_state_dict(self.q.state_dict())
         self.target.requires_grad_(False)
         self._params = params = list(self.q.parameters())
@@ -93,6 +54,7 @@ class DQNLearner:
                 "exp_avg_sq": torch.zeros_like(p),
             }
         self.cfg, self.replay, self.limiter = cfg, replay, limiter
+        self.total_steps, self.save_replay = total_steps, save_replay
         self.rng = np.random.default_rng(seed)
         self.updates = 0
         self.last_loss = float("nan")
@@ -169,32 +131,42 @@ class DQNLearner:
             weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
         )  # fmt: skip
 
+    def collected(self, env_steps: int) -> None:
+        """Set Adam's learning rate for the env steps collected so far (--lr-end's schedule)."""
+        self.optimizer.param_groups[0]["lr"] = self.cfg.lr_at(env_steps, self.total_steps)
+
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.q.get_weights()
 
     def metrics(self) -> dict[str, float | int | None]:
-        return {"losses/td_loss": self.last_loss, "learner/replay_size": self.replay.size}
+        return {"losses/td_loss": self.last_loss, "learner/replay_size": self.replay.size,
+                "learner/lr": self.optimizer.param_groups[0]["lr"]}  # fmt: skip
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Both networks, safetensors-ready (the final checkpoint)."""
-        return network_tensors({"q": self.q, "target": self.target})
+    def save(self) -> State:
+        """Both networks, Adam, the generators and counters; replay's rows and the limiter's
+        counts with `save_replay`."""
+        arrays, values = save_training(self, self._nets())
+        values["replay"] = None
+        if self.save_replay:
+            rows, values["replay"] = self.replay.save()
+            arrays.update({f"replay.{k}": v for k, v in rows.items()})
+            # Replay's own count, taken with its rows: the ingest thread may have counted a chunk
+            # in the limiter but not yet in replay.
+            values["limiter"] = {**self.limiter.save()[1], "inserts": values["replay"]["inserted"]}
+        return arrays, values
 
-    def restore(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Both networks back from what `state_tensors` returned."""
-        restore_networks({"q": self.q, "target": self.target}, tensors)
+    def restore(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
+        """Take back what `save` returned. Without replay the limiter starts afresh too: no
+        update until --learning-starts rows arrived."""
+        restore_training(self, self._nets(), arrays, values)
+        if values["replay"] is not None:
+            rows = {
+                k.removeprefix("replay."): v for k, v in arrays.items() if k.startswith("replay.")
+            }
+            self.replay.restore(rows, values["replay"])
+            self.limiter.restore({}, values["limiter"])
 
-
-def network_tensors(nets: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
-    """Copies of each net's parameters, named `{its key}.{parameter}`."""
-    return {
-        f"{prefix}.{k}": v.detach().clone()
-        for prefix, net in nets.items()
-        for k, v in net.state_dict().items()
-    }
-
-
-def restore_networks(nets: Mapping[str, nn.Module], tensors: Mapping[str, torch.Tensor]) -> None:
-    """Load each net from the tensors named `{its key}.{parameter}` (a state_tensors dict)."""
-    for prefix, net in nets.items():
-        net.load_state_dict({k.removeprefix(f"{prefix}."): v for k, v in tensors.items()
-                             if k.startswith(f"{prefix}.")})  # fmt: skip
+    def _nets(self) -> dict[str, nn.Module]:
+        """The networks by the prefix their parameters carry in checkpoints (`q.` is what
+        `clusterenv eval` acts with)."""
+        return {"q": self.q, "target": self.target}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -67,15 +68,15 @@ class ReplayBuffer:
                 "terminated": self.terminated[idx],
             }
 
-    def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    def save(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         """Copies of the stored rows where they sit in the ring, and the ring's counters (what a
         checkpoint keeps: a restored buffer samples the same rows for the same generator state)."""
         with self._lock:
             rows = {name: getattr(self, name)[: self.size].copy() for name in FIELDS}
             return rows, {"pos": self.pos, "size": self.size, "inserted": self.inserted}
 
-    def restore(self, rows: dict[str, np.ndarray], counters: dict[str, int]) -> None:
-        """Take back what `snapshot` returned."""
+    def restore(self, rows: Mapping[str, np.ndarray], counters: Mapping[str, int]) -> None:
+        """Take back what `save` returned."""
         size = counters["size"]
         if size > self.capacity or any(len(rows[name]) != size for name in FIELDS):
             raise ValueError(f"replay rows do not fit a buffer of {self.capacity}")
@@ -83,10 +84,3 @@ class ReplayBuffer:
             for name in FIELDS:
                 getattr(self, name)[:size] = rows[name]
             self.pos, self.size, self.inserted = counters["pos"], size, counters["inserted"]
-
-    def recent_obs(self, count: int) -> np.ndarray:
-        """The `count` most recently inserted observations (fewer if replay holds fewer)."""
-        with self._lock:
-            n = min(count, self.size)
-            idx = (self.pos - 1 - np.arange(n)) % self.capacity
-            return self.obs[idx].copy()

@@ -16,13 +16,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import redis
 
+from clusterenv.pipeline.connect import broker_gone
 from clusterenv.pipeline.roles import TransitionReader
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,8 @@ class Ingest:
                 failures = 0
             except Exception as exc:
                 failures += 1
-                retried_already = isinstance(exc, redis.ConnectionError | redis.TimeoutError)
-                if retried_already or failures > self.retries:
+                # A connection the client's own retries could not restore is not retried again.
+                if broker_gone(exc) or failures > self.retries:
                     log.error("ingest stopped: %s: %s", type(exc).__name__, exc)
                     self.error = exc  # the main thread reports it and stops the run
                     break
@@ -105,3 +105,11 @@ class Ingest:
                 yield self._arrivals.get_nowait()
             except queue.Empty:
                 return
+
+    def save(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The reader's counts (chunks, transitions, duplicates, rejections by reason)."""
+        stats = self.reader.stats
+        return {}, {**vars(stats), "rejected_reasons": dict(stats.rejected_reasons)}
+
+    def restore(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
+        vars(self.reader.stats).update(values)

@@ -29,7 +29,8 @@ from clusterenv.learner.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
 
-FORMAT = "clusterenv-checkpoint/1"
+# /2: one entry per component (learner/persistence/components.py); /1 files are refused by name.
+FORMAT = "clusterenv-checkpoint/2"
 PERIODIC_DIR = "checkpoints"
 _PERIODIC = re.compile(r"^ckpt-(\d+)\.safetensors$")
 

@@ -1,4 +1,5 @@
-"""Per-env presets: the shipped hyperparameter file (learner/presets.toml) applied to TrainConfig.
+"""Per-env presets: the shipped hyperparameter file (learner/tools/presets.toml) applied to a
+TrainConfig.
 
 A table `[ALGO."ENV"]` holds one env's values; `[ALGO."*"]` holds values for every env of that
 algorithm, applied first, so an env's own entry and then the flags override them.
@@ -8,9 +9,9 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, get_args, get_type_hints
+from typing import Any
 
-from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.config import AGENT_CONFIGS, TrainConfig
 
 PRESETS_FILE = Path(__file__).with_name("presets.toml")
 EVERY_ENV = "*"
@@ -20,9 +21,8 @@ def load_presets(path: Path = PRESETS_FILE) -> dict[str, dict[str, dict[str, Any
     """{algo: {env id or "*": {flag name: value}}} from the presets file."""
     with open(path, "rb") as f:
         presets = tomllib.load(f)
-    algos = get_args(get_type_hints(TrainConfig)["algo"])
     for algo in presets:
-        if algo not in algos:
+        if algo not in AGENT_CONFIGS:
             raise ValueError(f'{path}: [{algo}] is not an algorithm; tables are [ALGO."ENV"]')
     return presets
 
@@ -47,7 +47,7 @@ def apply_preset(cfg: TrainConfig, values: dict[str, Any], env: str) -> None:
 def defaults_for(env: str, algo: str, use_preset: bool, path: Path = PRESETS_FILE) -> TrainConfig:
     """The config that flags are parsed on top of: the defaults, then `algo`'s values for every
     env and its entry for `env`, where the file has them."""
-    cfg = TrainConfig(env=env, algo=algo, preset=use_preset)  # type: ignore[arg-type]
+    cfg = TrainConfig.for_algo(algo, env=env, preset=use_preset)
     tables = load_presets(path).get(algo, {}) if use_preset else {}
     for key, where in ((EVERY_ENV, f"{algo} on every env"), (env, f"{algo} on {env}")):
         if tables.get(key):

@@ -14,14 +14,16 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from clusterenv.learner.persistence.components import LEARNER
 from clusterenv.pipeline.codec import decode_weights
 from clusterenv.pipeline.evaluation.runner import greedy_returns
 from clusterenv.pipeline.policy import NumpyMLP
 
-# The trainer's checkpoints hold the network the workers act with under one of these prefixes
-# (DQN: the online Q-network, beside `target.`; PPO: the policy, beside `critic.`); the rest of
-# each name is what NumpyMLP reads. best.safetensors holds that network alone, unprefixed.
-ACTING_PREFIXES = ("q.", "actor.")
+# A run's checkpoints hold the network the workers act with under one of these prefixes (DQN: the
+# online Q-network, beside `target.`; PPO: the policy, beside `critic.`: the learner component's
+# networks); the rest of each name is what NumpyMLP reads. best.safetensors holds that network
+# alone, unprefixed.
+ACTING_PREFIXES = (f"{LEARNER}.q.", f"{LEARNER}.actor.")
 
 
 def find_checkpoint(path: Path) -> Path:
@@ -67,8 +69,8 @@ def load_policy(checkpoint: Path) -> NumpyMLP:
         if acting:
             return NumpyMLP(acting)
     raise ValueError(
-        f"{checkpoint} holds no Q-network (q.layers.*), policy (actor.layers.*) or acting "
-        "network alone (layers.*)"
+        f"{checkpoint} holds no Q-network ({LEARNER}.q.layers.*), policy "
+        f"({LEARNER}.actor.layers.*) or acting network alone (layers.*)"
     )
 
 

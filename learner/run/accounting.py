@@ -6,11 +6,12 @@ version, the divergence the worker measured and its cumulative sync counters).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from clusterenv.learner.ingest import Arrival
+from clusterenv.learner.run.ingest import Arrival
 
 
 def id_ranges(ids: set[int]) -> list[list[int]]:
@@ -83,8 +84,8 @@ class RunAccounting:
         tail = self.episode_returns[-episodes:]
         return float(np.mean(tail)) if tail else None
 
-    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Arrays and JSON-able counters a checkpoint keeps (learner/state.py)."""
+    def save(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays and JSON-able counters a checkpoint keeps."""
         arrays = {
             "lag_versions": np.asarray(self.lag_versions, np.int64),
             "lag_updates": np.asarray(self.lag_updates, np.int64),
@@ -96,8 +97,8 @@ class RunAccounting:
                     "sync_totals": self.sync_totals()}  # fmt: skip
         return arrays, counters
 
-    def load_state(self, arrays: dict[str, np.ndarray], counters: dict[str, Any]) -> None:
-        """Take back what `state` returned (a resumed learner)."""
+    def restore(self, arrays: Mapping[str, np.ndarray], counters: Mapping[str, Any]) -> None:
+        """Take back what `save` returned (a resumed learner)."""
         self.lag_versions = arrays["lag_versions"].tolist()
         self.lag_updates = arrays["lag_updates"].tolist()
         self.divergences = list(

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from tqdm import tqdm
 
-from clusterenv.learner.status import RunStatus
+from clusterenv.learner.run.status import RunStatus
 
 
 class Progress:

@@ -3,32 +3,26 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
-import redis
-
-from clusterenv.pipeline.keys import RUN_STATUS_PATTERN, RunKeys
+from clusterenv.pipeline.connect import BROKER_ERRORS
+from clusterenv.pipeline.roles import StatusBoard
 
 log = logging.getLogger(__name__)
 
-# A SET every few seconds costs the broker nothing and keeps the status fresher than the
+# A write every few seconds costs the broker nothing and keeps the status fresher than the
 # learner's log line (every --status-every-s, 30 s by default).
 STATUS_EVERY_S = 5.0
-# A status outlives its run by as long as the run's other keys (the trainer's RUN_KEYS_EXPIRE_S).
-STATUS_TTL_S = 3600
 
 
 class RunStatus:
     """Writes one run's status: `running` while it trains, its end state once it stops."""
 
-    def __init__(
-        self, client: redis.Redis, keys: RunKeys, env: str, every_s: float = STATUS_EVERY_S
-    ):
-        self.client, self.key, self.every_s = client, keys.status, every_s
-        self.fixed = {"run_id": keys.run_id, "env": env}
+    def __init__(self, board: StatusBoard, run_id: str, env: str, every_s: float = STATUS_EVERY_S):
+        self.board, self.run_id, self.every_s = board, run_id, every_s
+        self.fixed = {"run_id": run_id, "env": env}
         self.last: dict[str, Any] = {}  # the figures of the latest `running` status
         self._at = -float("inf")
 
@@ -40,8 +34,8 @@ class RunStatus:
         self._at = time.monotonic()
         status = {**self.fixed, "state": state, **figures, "updated_at": round(time.time(), 3)}
         try:
-            self.client.set(self.key, json.dumps(status, default=str), ex=STATUS_TTL_S)
-        except redis.RedisError as exc:
+            self.board.write(self.run_id, status)
+        except BROKER_ERRORS as exc:
             log.warning("could not write the run status: %s", exc)
 
     def running(self, figures: dict[str, Any]) -> None:
@@ -56,19 +50,6 @@ class RunStatus:
         )  # fmt: skip
         final = {k: summary[k] for k in ("env_steps", "updates", "wall_s") if k in summary}
         self.publish(state, {**self.last, **final})
-
-
-def read_statuses(client: redis.Redis) -> list[dict[str, Any]]:
-    """Every run status on the broker, the most recently updated first."""
-    keys = sorted(client.scan_iter(match=RUN_STATUS_PATTERN, count=1000))
-    values = client.mget(keys) if keys else []
-    statuses = []
-    for raw in values:
-        try:
-            statuses.append(json.loads(raw))
-        except (TypeError, ValueError):  # expired between SCAN and MGET, or not ours
-            continue
-    return sorted(statuses, key=lambda s: s.get("updated_at", 0), reverse=True)
 
 
 def status_line(status: dict[str, Any], now: float) -> str:

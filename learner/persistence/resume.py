@@ -18,8 +18,8 @@ from typing import IO, Any
 
 import torch
 
-from clusterenv.learner.checkpoint import Checkpoints
 from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.persistence.checkpoint import Checkpoints
 
 CONFIG_FILE = "config.json"
 RUN_IDS_FILE = "run_ids"

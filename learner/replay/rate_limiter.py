@@ -9,7 +9,11 @@ of sampling. Before `min_size` inserts, only inserting is allowed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 
 @dataclass
@@ -43,3 +47,9 @@ class RateLimiter:
 
     def on_sample(self, count: int) -> None:
         self.samples += count
+
+    def save(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        return {}, {"inserts": self.inserts, "samples": self.samples}
+
+    def restore(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
+        self.inserts, self.samples = values["inserts"], values["samples"]

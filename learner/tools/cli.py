@@ -20,7 +20,7 @@ import tyro
 from clusterenv.learner.config import TrainConfig
 
 if TYPE_CHECKING:
-    from clusterenv.learner.resume import Resumed
+    from clusterenv.learner.persistence.resume import Resumed
 
 WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A clusterenv.tasks worker --loglevel=INFO"
 USAGE = """usage: clusterenv {train,eval,report,status} [--help] | --version
@@ -110,16 +110,18 @@ def parse_train(argv: list[str]) -> TrainConfig:
     """The run's config: flags on top of the env's preset (learner/presets.toml) or the plain
     defaults; with --resume, on top of the resumed run's config, where flags not given keep its
     values and a flag that would change what may not change is refused."""
-    from clusterenv.learner.presets import defaults_for, preset_choice
-    from clusterenv.learner.resume import check_overrides, saved_config
+    from clusterenv.learner.persistence.resume import check_overrides, saved_config
+    from clusterenv.learner.tools.presets import defaults_for, preset_choice
 
     try:
-        cfg = parse(TrainConfig, argv, "clusterenv train", defaults_for(*preset_choice(argv)))
+        # The agent's own settings are flags too: parse with its config's type (tyro needs it).
+        defaults = defaults_for(*preset_choice(argv))
+        cfg = parse(TrainConfig[type(defaults.agent)], argv, "clusterenv train", defaults)
         if cfg.resume is None:
             return cfg
         saved = saved_config(Path(cfg.resume))
         saved.resume = cfg.resume
-        cfg = parse(TrainConfig, argv, "clusterenv train", default=saved)
+        cfg = parse(TrainConfig[type(saved.agent)], argv, "clusterenv train", default=saved)
         check_overrides(saved, cfg)
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -147,8 +149,9 @@ def stop_on_signals() -> None:
 
 
 def train(cfg: TrainConfig) -> int:
-    from clusterenv.learner.envs import env_spaces
-    from clusterenv.learner.trainer import RunFailed, Trainer
+    from clusterenv.learner.core.spaces import env_spaces
+    from clusterenv.learner.run.loop import Run, RunFailed
+    from clusterenv.learner.run.wiring import redis_broker
     from clusterenv.pipeline.cluster.embedded import Stack, WorkersDidNotStart
     from clusterenv.pipeline.connect import RedisUnreachable, connect, redact
 
@@ -182,7 +185,9 @@ def train(cfg: TrainConfig) -> int:
             assert url is not None
             _wait_for_workers(connect(url), url)
             print(f"run {run_id}: broker {redact(url)}, run dir {run_dir}", file=sys.stderr)
-            result = Trainer(cfg, url, run_dir, run_id, resumed).run()
+            result = Run(
+                cfg, redis_broker(url, run_id, cfg.weights), run_dir, run_id, resumed
+            ).run()
     except RedisUnreachable as exc:
         raise CliError(str(exc)) from None
     except KeyboardInterrupt:
@@ -205,8 +210,8 @@ def train(cfg: TrainConfig) -> int:
 
 def _open_run_dir(cfg: TrainConfig) -> tuple[Path, str, Resumed | None, IO]:
     """A new run directory, or the one --resume names with its newest checkpoint; its lock."""
-    from clusterenv.learner.checkpoint import CheckpointError
-    from clusterenv.learner.resume import load_resume, lock_run_dir, next_run_id
+    from clusterenv.learner.persistence.checkpoint import CheckpointError
+    from clusterenv.learner.persistence.resume import load_resume, lock_run_dir, next_run_id
 
     if cfg.resume is None:
         stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
@@ -250,7 +255,7 @@ def _wait_for_workers(client, url: str, timeout_s: float = 600.0) -> None:
 
 
 def report(args: ReportArgs) -> int:
-    from clusterenv.learner.report import write_report
+    from clusterenv.learner.tools.report import write_report
 
     if not args.run_dirs:
         raise CliError("report needs at least one run directory")
@@ -263,7 +268,7 @@ def report(args: ReportArgs) -> int:
 
 
 def evaluate(args: EvalArgs) -> int:
-    from clusterenv.learner.eval_checkpoint import evaluate_checkpoint
+    from clusterenv.learner.tools.eval_checkpoint import evaluate_checkpoint
 
     try:
         print(evaluate_checkpoint(args.checkpoint, args.episodes, args.seed, args.video))
@@ -275,17 +280,16 @@ def evaluate(args: EvalArgs) -> int:
 def status(args: StatusArgs) -> int:
     import json
 
-    import redis
-
-    from clusterenv.learner.status import read_statuses, status_line
-    from clusterenv.pipeline.connect import RedisUnreachable, connect
+    from clusterenv.learner.run.status import status_line
+    from clusterenv.pipeline.cluster.status_board import RedisStatusBoard
+    from clusterenv.pipeline.connect import BROKER_ERRORS, RedisUnreachable, connect
 
     url = args.redis_url or os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
     try:
-        statuses = read_statuses(connect(url))
+        statuses = RedisStatusBoard(connect(url)).read_all()
     except RedisUnreachable as exc:
         raise CliError(str(exc)) from None
-    except redis.RedisError as exc:  # reachable, but refuses (a password, say)
+    except BROKER_ERRORS as exc:  # reachable, but refuses (a password, say)
         raise CliError(f"{url}: {exc}") from None
     if args.json:
         print(json.dumps(statuses))

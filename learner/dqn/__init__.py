@@ -1,0 +1,1 @@
+"""The DQN agent: config, learning step, builder."""

@@ -1,0 +1,38 @@
+"""Builds the DQN agent for a run: replay, its rate limiter, the learner, and how workers act."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.core.agent import Agent
+from clusterenv.learner.dqn.config import DQNConfig
+from clusterenv.learner.dqn.learning import DQNLearner
+from clusterenv.learner.replay.rate_limiter import RateLimiter
+from clusterenv.learner.replay.uniform import ReplayBuffer
+
+
+def build_dqn(
+    cfg: TrainConfig[DQNConfig], obs_space: gym.spaces.Box, act_space: gym.spaces.Discrete
+) -> Agent:
+    d, chunk = cfg.agent, cfg.collection.chunk_env_steps
+    # Dispatch sends whole tasks: the limiter's slack must admit one, or dispatch (waiting for
+    # training to catch up) and training (waiting for data) can each wait for the other for good.
+    task = chunk * cfg.dispatch.chunks_per_task
+    spi = d.samples_per_insert
+    limiter = RateLimiter(
+        spi,
+        min_size=d.learning_starts,
+        # Collection may run ahead of training by a few chunks, so neither side idles on the other;
+        # sampling stops within a batch of the band's low edge, from where a task must still fit.
+        error_buffer=max(spi * chunk * cfg.collection.error_buffer_chunks,
+                         spi * task + d.batch_size),
+    )  # fmt: skip
+    replay = ReplayBuffer(d.buffer_size, obs_space.shape, obs_space.dtype)
+    learner = DQNLearner(
+        int(np.prod(obs_space.shape)), int(act_space.n), d, replay, limiter, cfg.seed,
+        total_steps=cfg.total_steps, save_replay=cfg.checkpoint.checkpoint_replay,
+    )  # fmt: skip
+    return Agent(learner, limiter, "epsilon_greedy", d.publish_every, d.epsilon,
+                 cfg.weights.max_lag_versions)  # fmt: skip

@@ -1,0 +1,77 @@
+"""DQN's settings: the network, the update, replay and its rate, and the workers' ε-greedy
+exploration. Defaults: RL-Zoo's CartPole-v1 settings mapped onto this learner's units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from tyro.conf import arg
+
+from clusterenv.learner.core.networks import hidden_sizes
+from clusterenv.learner.core.settings import require_positive
+
+
+def linear(start: float, end: float, steps: int, over: int) -> float:
+    """From `start` at 0 steps to `end` at `over` steps, and `end` after (ε's and lr's schedules)."""
+    return start + min(1.0, steps / max(1, over)) * (end - start)
+
+
+@dataclass
+class DQNConfig:
+    """Double DQN from replay; workers act ε-greedily on their cached Q-network."""
+
+    lr: float = 2.3e-3
+    """Adam learning rate"""
+    lr_end: Annotated[float | None, arg(help_behavior_hint="(default: --lr throughout)")] = None
+    """learning rate reached at --total-steps env steps, linearly from --lr (RL-Zoo's lin_
+    schedules)"""
+    batch_size: int = 64
+    """minibatch size"""
+    gamma: float = 0.99
+    """discount"""
+    hidden: str = "256,256"
+    """hidden layer sizes of the Q-network, comma-separated"""
+    target_update_every: int = 128
+    """gradient steps between target-network copies"""
+    max_grad_norm: float = 10.0
+    """gradient clipping norm"""
+    double: bool = True
+    """Double DQN targets (the online net picks the next action); --no-double: plain DQN's max"""
+    publish_every: int = 128
+    """gradient steps between published weight versions"""
+    buffer_size: int = 100_000
+    """replay capacity in transitions"""
+    learning_starts: int = 1_000
+    """transitions in replay before the first update"""
+    samples_per_insert: float = 32.0
+    """sampled transitions per inserted one (128 updates x 64 per 256 env steps = 32)"""
+    eps_start: float = 1.0
+    """initial exploration epsilon"""
+    eps_end: float = 0.04
+    """final exploration epsilon"""
+    eps_decay_steps: int = 8_000
+    """env steps over which epsilon decays linearly (RL-Zoo's CartPole: 0.16 of its 50k)"""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad setting."""
+        require_positive(self, ("batch_size", "buffer_size", "target_update_every",
+                                "publish_every", "lr", "samples_per_insert"))  # fmt: skip
+        if self.learning_starts < self.batch_size:
+            raise ValueError("--learning-starts must be at least --batch-size")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"--gamma must be in (0, 1], got {self.gamma}")
+        if self.lr_end is not None and not self.lr_end >= 0.0:  # NaN too
+            raise ValueError(f"--lr-end must be >= 0, got {self.lr_end}")
+        if not (0.0 <= self.eps_end <= self.eps_start <= 1.0):
+            raise ValueError("need 0 <= --eps-end <= --eps-start <= 1")
+        hidden_sizes(self.hidden)
+
+    def epsilon(self, env_steps: int) -> float:
+        return linear(self.eps_start, self.eps_end, env_steps, self.eps_decay_steps)
+
+    def lr_at(self, env_steps: int, total_steps: int) -> float:
+        """The learning rate once `env_steps` of the run's `total_steps` are collected."""
+        if self.lr_end is None:
+            return self.lr
+        return linear(self.lr, self.lr_end, env_steps, total_steps)

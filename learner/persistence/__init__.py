@@ -1,0 +1,1 @@
+"""What outlives the learner process: checkpoints, the best network, resuming a run directory."""

@@ -1,0 +1,1 @@
+"""The PPO agent: config, loss, learning step, builder."""

@@ -1,0 +1,318 @@
+"""The learner process, top to bottom: dispatch chunks, train, publish, evaluate, checkpoint.
+
+The ingest thread (learner/run/ingest.py) reads the chunks the workers wrote into the agent's
+learner (DQN's replay, PPO's chunk queue). The main thread turns: take note of arrived chunks and
+keep the workers busy (dispatch), run up to `updates_per_turn` learner updates the data allows
+(publishing a version every `publish_every`), and every `eval_every` env steps ask the workers for
+a greedy evaluation of the current weights (learner/run/evaluation.py), recording each result
+when it comes back, until a result reaches the target return or the budget is spent. Every
+`checkpoint_every_s` seconds (or `checkpoint_every_updates`) it writes a checkpoint of every
+component (learner/persistence/components.py) that `--resume` continues from.
+
+Everything on the broker goes through the roles of `Broker` (learner/run/wiring.py), so the same
+loop runs against Redis and Celery or against the in-process fakes of tests/fakes.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from clusterenv.learner.agents import build_agent
+from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.core.agent import Saveable
+from clusterenv.learner.core.spaces import env_spaces
+from clusterenv.learner.persistence.best import BestKeeper
+from clusterenv.learner.persistence.checkpoint import Checkpoints, save_checkpoint
+from clusterenv.learner.persistence.components import LEARNER, gather, scatter
+from clusterenv.learner.persistence.resume import Resumed, record_run_id, record_version
+from clusterenv.learner.run.accounting import RunAccounting
+from clusterenv.learner.run.evaluation import EvalSchedule, RemoteEvaluation
+from clusterenv.learner.run.ingest import Ingest
+from clusterenv.learner.run.progress import Progress
+from clusterenv.learner.run.publisher import REFERENCE_POOL_FACTOR, Publisher, ReferencePool
+from clusterenv.learner.run.records import RunRecords
+from clusterenv.learner.run.status import RunStatus
+from clusterenv.learner.run.wiring import BrokerFactory
+from clusterenv.pipeline.chunks.dispatcher import Dispatcher
+from clusterenv.pipeline.chunks.stream import transition_specs
+from clusterenv.pipeline.connect import BROKER_ERRORS, broker_gone
+
+log = logging.getLogger(__name__)
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on (ingest died, the broker is gone); the message says why."""
+
+    def __init__(self, message: str, broker_gone: bool = False):
+        super().__init__(message)
+        self.broker_gone = broker_gone
+
+
+def configure_torch(threads: int) -> None:
+    """The learner thread's torch: `threads` intra-op threads, subnormal floats flushed to zero."""
+    torch.set_num_threads(threads)
+    # Adam's first moment of a weight whose gradient stays zero (a ReLU unit silent over the batch)
+    # shrinks by beta1 each step into subnormal floats, and arithmetic on those is many times
+    # slower on x86: in bench/update_cost.py two thirds of the second layer's moments were
+    # subnormal after 2,000 steps, and flushing them to zero made a step 2.1-2.4 -> 1.6 ms
+    # (docs/benchmarks.md, "Gradient step"). The flag is per thread: the gradient step runs in the
+    # thread that builds the Run.
+    torch.set_flush_denormal(True)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    solved: bool
+    env_steps: int
+    updates: int
+    wall_s: float
+    best_eval: float
+    evals: list[tuple[int, float]] = field(default_factory=list)
+
+
+class Run:
+    def __init__(self, cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str,
+                 resume: Resumed | None = None):  # fmt: skip
+        self.cfg, self.run_dir, self.run_id = cfg, run_dir, run_id
+        obs_space, act_space, threshold = env_spaces(cfg.env, cfg.env_kwargs)
+        configure_torch(cfg.torch_threads)
+        # --- the agent: its learner (behind one interface) and what the workers must do ---
+        self.agent = build_agent(
+            cfg, obs_space, act_space,
+            lambda v: self.publisher.lag(v, self.learner.updates)[0],  # the publisher comes next
+        )  # fmt: skip
+        self.learner = self.agent.learner
+        specs = transition_specs(obs_space.dtype, obs_space.shape, self.agent.extra_specs)
+        self.broker = broker = broker_for(specs, int(act_space.n))
+        # --- weights out, transitions in ---
+        w = cfg.weights
+        size = REFERENCE_POOL_FACTOR * w.reference_size
+        self.pool = ReferencePool(size, obs_space.shape, obs_space.dtype)
+        self.publisher = Publisher(broker.weights, self.pool, w, np.random.default_rng([cfg.seed, 1]),
+                                   lambda version: record_version(run_dir, version))  # fmt: skip
+        self.ingest = Ingest(
+            broker.transitions, self._store,
+            lambda v: self.publisher.lag(v, self.learner.updates),
+        )  # fmt: skip
+        # --- dispatch and evaluation: tasks sent to the workers ---
+        template = {
+            "run_id": run_id, "env_id": cfg.env, "env_kwargs": cfg.env_kwargs,
+            "num_envs": cfg.collection.envs_per_worker, "steps": cfg.collection.chunk_steps,
+            "seed": cfg.seed, "sync": w.sync, "max_lag_versions": self.agent.max_lag_versions,
+            "max_lag_seconds": w.max_lag_seconds, "policy": self.agent.policy,
+        }  # fmt: skip
+        self.dispatcher = Dispatcher(broker.send, broker.workers.alive_processes, template,
+                                     cfg.collection.chunk_env_steps, cfg.dispatch)  # fmt: skip
+        self.evaluation = RemoteEvaluation(run_id, broker.evals, broker.workers, broker.send,
+                                           cfg.env, cfg.env_kwargs, cfg.evaluation.eval_episodes,
+                                           seed=cfg.seed)  # fmt: skip
+        target = cfg.target_return if cfg.target_return is not None else threshold
+        self.schedule = EvalSchedule(cfg.evaluation, self.evaluation, target)
+        self.accounting = RunAccounting()
+        self.status = RunStatus(broker.status, run_id, cfg.env)  # for `clusterenv status`
+        self.best = BestKeeper(run_dir)  # best.safetensors: the best-evaluated network so far
+        self.records = RunRecords(run_dir, self.learner, self.publisher, self.accounting,
+                                  self.ingest, self.dispatcher, self.evaluation, self.best)  # fmt: skip
+        self.checkpoints = Checkpoints(run_dir, cfg.checkpoint)
+        self._checked_at = time.monotonic()
+        self.wall_before, self.resumed = 0.0, resume  # wall seconds of the learners before
+        if resume is not None:
+            scatter(self.components(), resume.tensors, resume.state)
+            self.publisher.continue_above(resume.newest_version)
+            for dead in resume.run_ids:
+                broker.stop_run(dead)
+        self.t0 = time.perf_counter() - self.wall_before  # again when the run starts
+
+    def _store(self, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
+        """The ingest thread's sink: a chunk into the learner, its observations into the pool
+        reference states are drawn from."""
+        self.pool.add(arrays["obs"])
+        return self.learner.insert(header, arrays)
+
+    def components(self) -> Mapping[str, Saveable]:
+        """What a checkpoint holds, by name: each saves and restores itself."""
+        return {"run": self, LEARNER: self.learner, "publisher": self.publisher,
+                "dispatch": self.dispatcher, "evaluation": self.evaluation,
+                "schedule": self.schedule, "accounting": self.accounting,
+                "ingest": self.ingest}  # fmt: skip
+
+    def save(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return {}, {"run_id": self.run_id, "wall_s": time.perf_counter() - self.t0}
+
+    def restore(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
+        self.wall_before = values["wall_s"]
+
+    # --- the parts of one turn of the main loop ------------------------------------------------
+    def collect(self) -> None:
+        """Note the chunks that arrived, then keep every live worker process busy."""
+        for arrival in self.ingest.arrivals():
+            self.dispatcher.arrived(arrival.header["chunk"])
+            self.accounting.record(arrival)
+        pending = self.dispatcher.pending_env_steps
+        self.dispatcher.top_up(
+            self.agent.epsilon(self.accounting.env_steps + pending), self._may_send
+        )
+
+    def _may_send(self, pending: int) -> bool:
+        if self.accounting.env_steps + pending >= self.cfg.total_steps:
+            return False
+        return self.agent.limiter.can_insert(self.dispatcher.task_env_steps, pending)
+
+    def train(self) -> int:
+        """Up to `updates_per_turn` learner updates, as far as the data allows."""
+        self.learner.collected(self.accounting.env_steps)
+        done = 0
+        while done < self.cfg.updates_per_turn and self.learner.step():
+            done += 1
+            if self.learner.updates % self.agent.publish_every == 0:
+                self.publish()
+        return done
+
+    def publish(self, new_reference: bool = False) -> None:
+        self.publisher.publish(self.learner.get_weights(), self.learner.updates, new_reference)
+
+    def request_eval(self) -> None:
+        """Ask the workers to evaluate the current weights (published first if they are new)."""
+        weights = self.learner.get_weights()
+        if self.publisher.updates_at_version.get(self.publisher.version) != self.learner.updates:
+            self.publisher.publish(weights, self.learner.updates)
+        parts = self.cfg.evaluation.parts(self.dispatcher.slots())
+        self.evaluation.request(self.publisher.version, self.accounting.env_steps, parts)
+        self.best.asked(self.publisher.version, weights)
+        self.records.eval_requested()
+
+    def record_evals(self) -> None:
+        """Log each finished evaluation and keep the best network."""
+        for result, mean in self.schedule.results():
+            wall = time.perf_counter() - self.t0
+            self.records.eval_row(result, wall)
+            self.progress.evaluated(result.env_steps, mean, result.version, wall)
+            self.best.evaluated(result, mean)
+
+    def check_health(self) -> None:
+        """Stop on a dead ingest thread; give a broker that lost the run's state (a restart
+        without persistence) its weights again and re-dispatch what it lost. Once a second."""
+        error = self.ingest.error
+        if error is not None:
+            raise RunFailed(f"ingest failed: {type(error).__name__}: {error}", broker_gone(error))
+        now = time.monotonic()
+        if now - self._checked_at < 1.0:
+            return
+        self._checked_at = now
+        # The marker, not `weights:latest`: the learner's own next publish may re-create that.
+        if not self.broker.flags.lost():
+            return
+        self.broker.flags.mark_started()
+        lost = self.dispatcher.write_off_in_flight()
+        self.evaluation.abandon()
+        self.publish(new_reference=True)
+        self.accounting.broker_recoveries += 1
+        log.warning("the broker lost this run's state (restarted?): published v%d again, "
+                    "re-dispatching %d chunks", self.publisher.version, lost)  # fmt: skip
+
+    def turn(self) -> bool:
+        """One turn of the main loop; False once the run is over."""
+        self.check_health()
+        self.collect()
+        trained = self.train()
+        if self.checkpoints.due(self.learner.updates):
+            self.checkpoint()
+        steps = self.accounting.env_steps
+        out_of_work = (
+            steps >= self.cfg.total_steps and not self.dispatcher.in_flight and not trained
+        )
+        self.schedule.tick(steps, out_of_work, self.request_eval)
+        self.record_evals()
+        if self.schedule.done(steps, out_of_work):
+            return False
+        self.progress.tick(
+            steps, self.schedule.last_mean, self.publisher.version,
+            lambda: self.accounting.sync_totals().get("weight_fetches", 0),
+        )  # fmt: skip
+        if not trained:
+            time.sleep(0.002)
+        return True
+
+    def checkpoint(self) -> Path:
+        """Write a periodic checkpoint of every component now."""
+        return self.checkpoints.save(*gather(self.components()), self.learner.updates)
+
+    # --- the run ---------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Train until solved or out of budget. KeyboardInterrupt (also SIGTERM/SIGHUP via the CLI)
+        and RunFailed still write the summary and the final checkpoint before they propagate."""
+        cfg = self.cfg
+        self.t0 = time.perf_counter() - self.wall_before
+        self.progress = Progress(cfg.total_steps, cfg.status_every_s, self.status)
+        interrupted, failure = False, None
+        # metrics.jsonl appears here, and from here on a signal still ends with a summary and a
+        # final checkpoint (the start-up below is inside the try).
+        self.records.open()
+        try:
+            (self.run_dir / "config.json").write_text(cfg.to_json())
+            record_run_id(self.run_dir, self.run_id)
+            self.broker.flags.mark_started()
+            self.publish()  # the first version: workers act with the untrained (or resumed) network
+            self.ingest.start()
+            while self.turn():
+                pass
+        except KeyboardInterrupt:
+            interrupted = True
+        except RunFailed as exc:
+            failure = exc
+        except BROKER_ERRORS as exc:  # past the clients' own retries
+            failure = RunFailed(f"broker unreachable: {type(exc).__name__}: {exc}", True)
+        finally:
+            self.progress.close()
+            self._stop(broker_is_gone=failure is not None and failure.broker_gone)
+        wall = time.perf_counter() - self.t0
+        self._finish(wall, interrupted, failure)
+        if interrupted:
+            raise KeyboardInterrupt
+        if failure is not None:
+            raise failure
+        s = self.schedule
+        return RunResult(self.run_dir, s.solved, self.accounting.env_steps, self.learner.updates,
+                         wall, s.best_mean, s.evals)  # fmt: skip
+
+    def _stop(self, broker_is_gone: bool) -> None:
+        """Mark the run stopped (queued chunks return at once), let its keys expire, drain ingest;
+        on a broker known to be gone (its clients would retry for half a minute), only the last."""
+        if not broker_is_gone:
+            try:
+                self.broker.flags.mark_stopped()
+            except BROKER_ERRORS as exc:  # a broker that is gone keeps nothing to clean up
+                log.warning("could not mark the run stopped on the broker: %s", exc)
+        self.ingest.stop()
+        for arrival in self.ingest.arrivals():
+            self.accounting.record(arrival)
+
+    def _finish(self, wall: float, interrupted: bool, failure: RunFailed | None) -> None:
+        meta = {"run_id": self.run_id, "env": self.cfg.env,
+                "env_steps": str(self.accounting.env_steps), "updates": str(self.learner.updates),
+                "policy_version": str(self.publisher.version)}  # fmt: skip
+        save_checkpoint(self.run_dir, "final", gather({LEARNER: self.learner})[0], meta)
+        self.checkpoint()  # an interrupted or failed run resumes from where it stopped
+        summary = self.records.summary({
+            "run_id": self.run_id,
+            "resumed_from": str(self.resumed.checkpoint) if self.resumed is not None else None,
+            "solved": self.schedule.solved,
+            "interrupted": interrupted,
+            "failed": str(failure) if failure is not None else None,
+            "target_return": self.schedule.target,
+            "sync_rule": self.cfg.weights.sync,
+            "algo": self.cfg.algo,
+        }, wall)  # fmt: skip
+        if failure is None or not failure.broker_gone:
+            self.status.finish(summary)
+        self.records.close()
+        self.broker.close()

@@ -1,0 +1,101 @@
+"""Publishing policy versions: weights, and a probe on reference states drawn from the newest
+observations the learner accepted.
+
+The probe is computed with the same numpy forward the workers act with, so identical weights give
+a divergence of exactly zero. The publisher also remembers the update count behind each version,
+which turns a chunk's behaviour version into a lag in gradient steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from clusterenv.learner.config import WeightSyncConfig
+from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.roles import WeightSource
+
+# Reference states are drawn from this many times `reference_size` of the newest observations.
+REFERENCE_POOL_FACTOR = 10
+
+
+class ReferencePool:
+    """A ring of the newest observations of accepted chunks (the ingest thread adds them), from
+    which reference states are drawn, whatever the agent keeps (DQN's replay, PPO's queue)."""
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype):
+        self.capacity = capacity
+        self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
+        self.pos = self.size = 0
+        self._lock = threading.Lock()
+
+    def add(self, obs: np.ndarray) -> None:
+        obs = obs[-self.capacity :]  # only the newest `capacity` rows can survive anyway
+        with self._lock:
+            self.obs[(self.pos + np.arange(len(obs))) % self.capacity] = obs
+            self.pos = (self.pos + len(obs)) % self.capacity
+            self.size = min(self.capacity, self.size + len(obs))
+
+    def recent(self, count: int) -> np.ndarray:
+        """The `count` most recently added observations, newest first (fewer if it holds fewer)."""
+        with self._lock:
+            n = min(count, self.size)
+            return self.obs[(self.pos - 1 - np.arange(n)) % self.capacity].copy()
+
+
+class Publisher:
+    def __init__(
+        self,
+        source: WeightSource,
+        pool: ReferencePool,
+        cfg: WeightSyncConfig,
+        rng: np.random.Generator,
+        on_version: Callable[[int], None] = lambda version: None,
+    ):
+        self.source, self.pool, self.cfg, self.rng = source, pool, cfg, rng
+        self.on_version = on_version  # told each version number before it is published
+        self.updates_at_version: dict[int, int] = {}  # a resumed run's versions start above 0
+
+    @property
+    def version(self) -> int:
+        return self.source.version
+
+    def publish(
+        self, weights: Mapping[str, np.ndarray], updates: int, new_reference: bool = False
+    ) -> int:
+        """A new version of `weights` (trained for `updates` gradient steps), with its probe;
+        `new_reference` publishes new reference states first (the broker lost the old ones)."""
+        probe = None
+        size = self.cfg.reference_size
+        if self.pool.size >= size:
+            due = (self.version + 1) % self.cfg.reference_every == 0
+            if self.source.reference is None or due or new_reference:
+                recent = self.pool.recent(REFERENCE_POOL_FACTOR * size)
+                pick = self.rng.choice(len(recent), size=size, replace=False)
+                self.source.publish_reference(recent[pick].reshape(size, -1).astype(np.float32))
+            probe = NumpyMLP(weights)(self.source.reference)
+        self.updates_at_version[self.version + 1] = updates  # before any chunk can carry it
+        self.on_version(self.version + 1)
+        return self.source.publish(weights, probe)
+
+    def lag(self, behaviour_version: int, updates: int) -> tuple[int, int]:
+        """Lag of a chunk acted with `behaviour_version`: (versions, gradient steps) behind now."""
+        then = self.updates_at_version.get(behaviour_version)
+        lag_updates = updates - then if then is not None else 0
+        return self.version - behaviour_version, lag_updates
+
+    def save(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return {}, {"version": self.version, "rng": self.rng.bit_generator.state}
+
+    def restore(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
+        """Versions continue above the saved one (see `continue_above`)."""
+        self.rng.bit_generator.state = values["rng"]
+        self.continue_above(values["version"])
+
+    def continue_above(self, version: int) -> None:
+        """Number the next version above `version` too: a resumed learner never reuses a version
+        that workers may still hold."""
+        self.source.version = max(self.source.version, version)

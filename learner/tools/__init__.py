@@ -1,0 +1,1 @@
+"""The user's surface: the `clusterenv` command line, presets, reports, checkpoint evaluation."""
