@@ -1,0 +1,59 @@
+"""The learner's rooms keep their arrows one way: no agent imports another, the run reaches the
+agents only through learner/agents.py, and nothing in learner/ talks to Redis but through the
+roles of pipeline/roles.py."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+LEARNER = Path(__file__).resolve().parents[2] / "learner"
+AGENTS = ("dqn", "ppo")
+
+
+def imports(path: Path) -> list[str]:
+    """Every module `path` imports, absolute."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+    return found
+
+
+def modules() -> list[tuple[Path, list[str]]]:
+    return [(p.relative_to(LEARNER), imports(p)) for p in sorted(LEARNER.rglob("*.py"))]
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_an_agent_is_imported_only_by_its_own_folder_the_registry_and_the_run_config(agent):
+    prefix = f"clusterenv.learner.{agent}"
+    for rel, mods in modules():
+        for mod in mods:
+            if mod != prefix and not mod.startswith(prefix + "."):
+                continue
+            own_folder = rel.parts[0] == agent
+            # the registry builds agents; the run's config holds the agent's config
+            allowed = rel == Path("agents.py") or (
+                rel == Path("config.py") and mod == f"{prefix}.config"
+            )
+            assert own_folder or allowed, f"learner/{rel} imports {mod}"
+            assert rel.parts[0] not in set(AGENTS) - {agent}, f"learner/{rel} imports {mod}"
+
+
+def test_the_learner_imports_no_redis_and_no_celery():
+    for rel, mods in modules():
+        for mod in mods:
+            top = mod.split(".")[0]
+            assert top not in ("redis", "celery", "kombu"), f"learner/{rel} imports {mod}"
+
+
+def test_the_layout_has_the_rooms_the_architecture_names():
+    rooms = {p.name for p in LEARNER.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    assert rooms == {"core", "dqn", "ppo", "replay", "run", "persistence", "tools"}
+    too_long = [(str(p.relative_to(LEARNER)), n) for p in LEARNER.rglob("*.py")
+                if (n := len(p.read_text().splitlines())) > 400]  # fmt: skip
+    assert not too_long, f"modules over 400 lines: {too_long}"

@@ -1,0 +1,118 @@
+"""The run's loop end to end against the in-process roles of tests/fakes.py (no server, no
+workers): dispatch, ingest, training, publishing, evaluation, the end of a run, recovery and
+resume, all through the same Run that `clusterenv train` drives over Redis and Celery."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.persistence.checkpoint import Checkpoints
+from clusterenv.learner.persistence.resume import Resumed
+from clusterenv.learner.run.loop import Run
+from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK
+from clusterenv.pipeline.evaluation.request import EVALUATE_TASK
+from tests.fakes import FakeCluster
+
+CHUNK = 8 * 32  # the default chunk: 8 envs x 32 steps
+
+
+def small(algo: str = "dqn", total_steps: int = 16 * CHUNK) -> TrainConfig:
+    """CartPole's spaces, a small network, an evaluation every 4 chunks, no periodic checkpoint."""
+    cfg = TrainConfig.for_algo(algo, total_steps=total_steps, status_every_s=3600.0)
+    cfg.agent.hidden = "16"
+    cfg.evaluation.eval_every = 4 * CHUNK
+    cfg.checkpoint.checkpoint_every_s = 0.0
+    if algo == "ppo":
+        cfg.agent.batch_steps = 2 * CHUNK
+    return cfg
+
+
+def run_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "run"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def test_a_run_spends_its_budget_and_records_every_evaluation(tmp_path):
+    cluster = FakeCluster(processes=2, eval_return=12.0)
+    run = Run(small(), cluster.factory, run_dir(tmp_path), "run-a")
+    result = run.run()
+    # Dispatch stopped at the budget exactly: 16 chunks, each accepted once.
+    assert result.env_steps == 16 * CHUNK and not result.solved
+    assert cluster.send.tasks[COLLECT_CHUNK_TASK] == 16
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    assert summary["accepted_chunk_ids"] == [[0, 15]] and summary["lost_chunks"] == 0
+    # Updates ran at the samples-per-insert ratio once replay held --learning-starts rows, and
+    # every `publish_every` of them became a version the workers could fetch.
+    assert result.updates > 0 and cluster.weights.version == len(cluster.weights.published) - 1
+    assert cluster.weights.version >= result.updates // run.agent.publish_every
+    assert cluster.weights.references, "reference states were drawn from accepted observations"
+    # An evaluation every 4 chunks, and one more at the end of the budget (steps 4096 itself).
+    steps = [s for s, _ in result.evals]
+    assert steps == [4 * CHUNK, 8 * CHUNK, 12 * CHUNK, 16 * CHUNK] and result.best_eval == 12.0
+    assert cluster.send.tasks[EVALUATE_TASK] >= len(steps)
+    rows = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["env_steps"] for r in rows] == steps and rows[-1]["learner/updates"] > 0
+    # The run's end on the broker: marked stopped, its status final; files for resume and eval.
+    assert cluster.flags.stopped and cluster.status.statuses["run-a"]["state"] == "budget spent"
+    assert (run.run_dir / "final.safetensors").is_file()
+    assert Checkpoints(run.run_dir, run.cfg.checkpoint).paths()
+
+
+def test_an_evaluation_at_the_target_solves_the_run_and_keeps_its_network(tmp_path):
+    cluster = FakeCluster(eval_return=500.0)  # CartPole-v1's threshold is 475
+    run = Run(small(total_steps=100 * CHUNK), cluster.factory, run_dir(tmp_path), "run-a")
+    result = run.run()
+    assert result.solved and result.evals == [(4 * CHUNK, 500.0)]
+    assert result.env_steps < 100 * CHUNK
+    assert run.best.chosen["eval_mean"] == 500.0 and (run.run_dir / "best.safetensors").is_file()
+    assert cluster.status.statuses["run-a"]["state"] == "solved"
+
+
+def test_a_ppo_run_updates_on_whole_batches_and_publishes_every_update(tmp_path):
+    cluster = FakeCluster()
+    run = Run(small("ppo"), cluster.factory, run_dir(tmp_path), "run-a")
+    result = run.run()
+    assert result.env_steps == 16 * CHUNK
+    # 16 chunks in batches of 2: up to 8 updates (dispatch runs a few chunks ahead of them)
+    assert 4 <= result.updates <= 8
+    assert cluster.weights.version == result.updates  # v0 is the untrained policy
+    assert run.learner.dropped_chunks == 0  # the scripted workers act with the newest version
+
+
+def test_a_broker_that_lost_the_run_gets_its_weights_again_and_the_chunks_in_flight_replaced(
+    tmp_path,
+):
+    cluster = FakeCluster()
+    run = Run(small(), cluster.factory, run_dir(tmp_path), "run-a")
+    cluster.flags.mark_started()
+    run.publish()
+    run.collect()  # 4 chunks in flight (2 processes x 2 tasks)
+    assert len(run.dispatcher.in_flight) == 4
+    run.check_health()  # the marker is there: nothing to do
+    assert run.accounting.broker_recoveries == 0
+    cluster.flags.lose()
+    run._checked_at -= 2.0  # looked at most once a second
+    run.check_health()
+    assert run.accounting.broker_recoveries == 1 and not cluster.flags.lost()
+    assert run.dispatcher.lost == 4 and not run.dispatcher.in_flight
+    assert cluster.weights.version == 1  # published again
+
+
+def test_a_resumed_run_continues_from_its_checkpoint_under_a_new_run_id(tmp_path):
+    first = FakeCluster()
+    a = Run(small(), first.factory, run_dir(tmp_path), "run-a")
+    before = a.run()
+    _, tensors, state = Checkpoints(a.run_dir, a.cfg.checkpoint).newest()
+    resumed = Resumed(a.run_dir / "ckpt", tensors, state, ["run-a"], first.weights.version)
+    second = FakeCluster()
+    b = Run(small(total_steps=24 * CHUNK), second.factory, a.run_dir, "run-a.r1", resumed)
+    assert second.stopped_runs == ["run-a"]  # the dead learner's run is marked stopped
+    after = b.run()
+    assert after.env_steps == 24 * CHUNK and after.updates > before.updates
+    # Versions continue above every version the first learner published; chunk ids too.
+    assert min(second.weights.published) == first.weights.version + 1
+    assert b.dispatcher.next_id == 24
+    assert [s for s, _ in after.evals][: len(before.evals)] == [s for s, _ in before.evals]
