@@ -23,26 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from clusterenv.learner.agents import build_agent
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.core.agent import Saveable
-from clusterenv.learner.core.spaces import env_spaces
-from clusterenv.learner.persistence.best import BestKeeper
-from clusterenv.learner.persistence.checkpoint import Checkpoints, save_checkpoint
+from clusterenv.learner.persistence.checkpoint import save_checkpoint
 from clusterenv.learner.persistence.components import LEARNER, gather, scatter
-from clusterenv.learner.persistence.resume import Resumed, record_run_id, record_version
-from clusterenv.learner.run.accounting import RunAccounting
-from clusterenv.learner.run.evaluation import EvalSchedule, RemoteEvaluation
-from clusterenv.learner.run.ingest import Ingest
+from clusterenv.learner.persistence.resume import Resumed, record_run_id
 from clusterenv.learner.run.progress import Progress
-from clusterenv.learner.run.publisher import REFERENCE_POOL_FACTOR, Publisher, ReferencePool
-from clusterenv.learner.run.records import RunRecords
-from clusterenv.learner.run.status import RunStatus
-from clusterenv.learner.run.wiring import BrokerFactory
-from clusterenv.pipeline.chunks.dispatcher import Dispatcher
-from clusterenv.pipeline.chunks.stream import transition_specs
+from clusterenv.learner.run.wiring import BrokerFactory, RunParts, wire
 from clusterenv.pipeline.connect import BROKER_ERRORS, broker_gone
 
 log = logging.getLogger(__name__)
@@ -56,18 +44,6 @@ class RunFailed(RuntimeError):
         self.broker_gone = broker_gone
 
 
-def configure_torch(threads: int) -> None:
-    """The learner thread's torch: `threads` intra-op threads, subnormal floats flushed to zero."""
-    torch.set_num_threads(threads)
-    # Adam's first moment of a weight whose gradient stays zero (a ReLU unit silent over the batch)
-    # shrinks by beta1 each step into subnormal floats, and arithmetic on those is many times
-    # slower on x86: in bench/update_cost.py two thirds of the second layer's moments were
-    # subnormal after 2,000 steps, and flushing them to zero made a step 2.1-2.4 -> 1.6 ms
-    # (docs/benchmarks.md, "Gradient step"). The flag is per thread: the gradient step runs in the
-    # thread that builds the Run.
-    torch.set_flush_denormal(True)
-
-
 @dataclass
 class RunResult:
     run_dir: Path
@@ -79,64 +55,26 @@ class RunResult:
     evals: list[tuple[int, float]] = field(default_factory=list)
 
 
-class Run:
-    def __init__(self, cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str,
-                 resume: Resumed | None = None):  # fmt: skip
-        self.cfg, self.run_dir, self.run_id = cfg, run_dir, run_id
-        obs_space, act_space, threshold = env_spaces(cfg.env, cfg.env_kwargs)
-        configure_torch(cfg.torch_threads)
-        # --- the agent: its learner (behind one interface) and what the workers must do ---
-        self.agent = build_agent(
-            cfg, obs_space, act_space,
-            lambda v: self.publisher.lag(v, self.learner.updates)[0],  # the publisher comes next
-        )  # fmt: skip
+class Run(RunParts):
+    """The loop over a run's parts. `Run.create` wires them (learner/run/wiring.py)."""
+
+    def __init__(self, parts: RunParts, resume: Resumed | None = None):
+        super().__init__(**vars(parts))
         self.learner = self.agent.learner
-        specs = transition_specs(obs_space.dtype, obs_space.shape, self.agent.extra_specs)
-        self.broker = broker = broker_for(specs, int(act_space.n))
-        # --- weights out, transitions in ---
-        w = cfg.weights
-        size = REFERENCE_POOL_FACTOR * w.reference_size
-        self.pool = ReferencePool(size, obs_space.shape, obs_space.dtype)
-        self.publisher = Publisher(broker.weights, self.pool, w, np.random.default_rng([cfg.seed, 1]),
-                                   lambda version: record_version(run_dir, version))  # fmt: skip
-        self.ingest = Ingest(
-            broker.transitions, self._store,
-            lambda v: self.publisher.lag(v, self.learner.updates),
-        )  # fmt: skip
-        # --- dispatch and evaluation: tasks sent to the workers ---
-        template = {
-            "run_id": run_id, "env_id": cfg.env, "env_kwargs": cfg.env_kwargs,
-            "num_envs": cfg.collection.envs_per_worker, "steps": cfg.collection.chunk_steps,
-            "seed": cfg.seed, "sync": w.sync, "max_lag_versions": self.agent.max_lag_versions,
-            "max_lag_seconds": w.max_lag_seconds, "policy": self.agent.policy,
-        }  # fmt: skip
-        self.dispatcher = Dispatcher(broker.send, broker.workers.alive_processes, template,
-                                     cfg.collection.chunk_env_steps, cfg.dispatch)  # fmt: skip
-        self.evaluation = RemoteEvaluation(run_id, broker.evals, broker.workers, broker.send,
-                                           cfg.env, cfg.env_kwargs, cfg.evaluation.eval_episodes,
-                                           seed=cfg.seed)  # fmt: skip
-        target = cfg.target_return if cfg.target_return is not None else threshold
-        self.schedule = EvalSchedule(cfg.evaluation, self.evaluation, target)
-        self.accounting = RunAccounting()
-        self.status = RunStatus(broker.status, run_id, cfg.env)  # for `clusterenv status`
-        self.best = BestKeeper(run_dir)  # best.safetensors: the best-evaluated network so far
-        self.records = RunRecords(run_dir, self.learner, self.publisher, self.accounting,
-                                  self.ingest, self.dispatcher, self.evaluation, self.best)  # fmt: skip
-        self.checkpoints = Checkpoints(run_dir, cfg.checkpoint)
         self._checked_at = time.monotonic()
         self.wall_before, self.resumed = 0.0, resume  # wall seconds of the learners before
         if resume is not None:
             scatter(self.components(), resume.tensors, resume.state)
             self.publisher.continue_above(resume.newest_version)
             for dead in resume.run_ids:
-                broker.stop_run(dead)
+                self.broker.stop_run(dead)
         self.t0 = time.perf_counter() - self.wall_before  # again when the run starts
 
-    def _store(self, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
-        """The ingest thread's sink: a chunk into the learner, its observations into the pool
-        reference states are drawn from."""
-        self.pool.add(arrays["obs"])
-        return self.learner.insert(header, arrays)
+    @classmethod
+    def create(cls, cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str,
+               resume: Resumed | None = None) -> Run:  # fmt: skip
+        """A run of `cfg` on the broker `broker_for` makes, resumed from `resume` if given."""
+        return cls(wire(cfg, broker_for, run_dir, run_id), resume)
 
     def components(self) -> Mapping[str, Saveable]:
         """What a checkpoint holds, by name: each saves and restores itself."""

@@ -1,14 +1,33 @@
-"""The run's connections, in one place: the roles it talks to the broker through (`Broker`), and
-their Redis and Celery implementations (`redis_broker`). Tests hand the run in-process fakes of the
-same roles (tests/fakes.py), so the loop runs without a server."""
+"""The run's wiring, in one place: every part of a run built and connected (`wire`), the roles it
+talks to the broker through (`Broker`), and their Redis and Celery implementations
+(`redis_broker`). Tests hand `wire` in-process fakes of the same roles (tests/fakes.py), so the
+loop (learner/run/loop.py) runs without a server."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from clusterenv.learner.config import WeightSyncConfig
-from clusterenv.pipeline.chunks.stream import StreamReader
+import numpy as np
+import torch
+
+from clusterenv.learner.agents import build_agent
+from clusterenv.learner.config import TrainConfig, WeightSyncConfig
+from clusterenv.learner.core.agent import Agent
+from clusterenv.learner.core.spaces import env_spaces
+from clusterenv.learner.persistence.best import BestKeeper
+from clusterenv.learner.persistence.checkpoint import Checkpoints
+from clusterenv.learner.persistence.resume import record_version
+from clusterenv.learner.run.accounting import RunAccounting
+from clusterenv.learner.run.evaluation import EvalSchedule, RemoteEvaluation
+from clusterenv.learner.run.ingest import Ingest
+from clusterenv.learner.run.publisher import REFERENCE_POOL_FACTOR, Publisher, ReferencePool
+from clusterenv.learner.run.records import RunRecords
+from clusterenv.learner.run.status import RunStatus
+from clusterenv.pipeline.chunks.dispatcher import Dispatcher
+from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
 from clusterenv.pipeline.cluster.celery_client import celery_client
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.cluster.run_flags import RedisRunFlags
@@ -73,3 +92,86 @@ def redis_broker(url: str, run_id: str, weights: WeightSyncConfig) -> BrokerFact
         )  # fmt: skip
 
     return make
+
+
+def configure_torch(threads: int) -> None:
+    """The learner thread's torch: `threads` intra-op threads, subnormal floats flushed to zero."""
+    torch.set_num_threads(threads)
+    # Adam's first moment of a weight whose gradient stays zero (a ReLU unit silent over the batch)
+    # shrinks by beta1 each step into subnormal floats, and arithmetic on those is many times
+    # slower on x86: in bench/update_cost.py two thirds of the second layer's moments were
+    # subnormal after 2,000 steps, and flushing them to zero made a step 2.1-2.4 -> 1.6 ms
+    # (docs/benchmarks.md, "Gradient step"). The flag is per thread: the gradient step runs in the
+    # thread that wires the run.
+    torch.set_flush_denormal(True)
+
+
+@dataclass
+class RunParts:
+    """Everything a run is made of, connected; the loop (learner/run/loop.py) turns them."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    run_id: str
+    agent: Agent  # the agent's learner behind one interface, and what the workers must do
+    broker: Broker
+    pool: ReferencePool  # the newest accepted observations: reference states' source
+    publisher: Publisher  # weights out
+    ingest: Ingest  # transitions in
+    dispatcher: Dispatcher  # collection tasks out
+    evaluation: RemoteEvaluation  # evaluation tasks out, results in
+    schedule: EvalSchedule  # when to evaluate; what the results say
+    accounting: RunAccounting
+    status: RunStatus  # for `clusterenv status`
+    best: BestKeeper  # best.safetensors: the best-evaluated network so far
+    records: RunRecords  # metrics.jsonl, TensorBoard, summary.json
+    checkpoints: Checkpoints
+
+
+def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str) -> RunParts:
+    """Build a run's parts for `cfg` on the broker `broker_for` makes."""
+    configure_torch(cfg.torch_threads)
+    obs_space, act_space, threshold = env_spaces(cfg.env, cfg.env_kwargs)
+    late: dict[str, Any] = {}  # the publisher, for the lag of a version: made after the agent
+
+    def lag(version: int) -> tuple[int, int]:
+        """(versions, updates) the policy `version` is behind the learner."""
+        return late["publisher"].lag(version, agent.learner.updates)
+
+    agent = build_agent(cfg, obs_space, act_space, lambda v: lag(v)[0])
+    specs = transition_specs(obs_space.dtype, obs_space.shape, agent.extra_specs)
+    broker = broker_for(specs, int(act_space.n))
+    # --- weights out, transitions in ---
+    w = cfg.weights
+    pool = ReferencePool(REFERENCE_POOL_FACTOR * w.reference_size, obs_space.shape, obs_space.dtype)
+    late["publisher"] = publisher = Publisher(
+        broker.weights, pool, w, np.random.default_rng([cfg.seed, 1]),
+        lambda version: record_version(run_dir, version),
+    )  # fmt: skip
+
+    def store(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
+        """The ingest thread's sink: a chunk into the learner, its observations into the pool."""
+        pool.add(arrays["obs"])
+        return agent.learner.insert(header, arrays)
+
+    ingest = Ingest(broker.transitions, store, lag)
+    # --- dispatch and evaluation: tasks sent to the workers ---
+    template = {
+        "run_id": run_id, "env_id": cfg.env, "env_kwargs": cfg.env_kwargs,
+        "num_envs": cfg.collection.envs_per_worker, "steps": cfg.collection.chunk_steps,
+        "seed": cfg.seed, "sync": w.sync, "max_lag_versions": agent.max_lag_versions,
+        "max_lag_seconds": w.max_lag_seconds, "policy": agent.policy,
+    }  # fmt: skip
+    dispatcher = Dispatcher(broker.send, broker.workers.alive_processes, template,
+                            cfg.collection.chunk_env_steps, cfg.dispatch)  # fmt: skip
+    evaluation = RemoteEvaluation(run_id, broker.evals, broker.workers, broker.send, cfg.env,
+                                  cfg.env_kwargs, cfg.evaluation.eval_episodes, seed=cfg.seed)  # fmt: skip
+    target = cfg.target_return if cfg.target_return is not None else threshold
+    accounting, best = RunAccounting(), BestKeeper(run_dir)
+    return RunParts(
+        cfg, run_dir, run_id, agent, broker, pool, publisher, ingest, dispatcher, evaluation,
+        EvalSchedule(cfg.evaluation, evaluation, target), accounting,
+        RunStatus(broker.status, run_id, cfg.env), best,
+        RunRecords(run_dir, agent.learner, publisher, accounting, ingest, dispatcher, evaluation, best),
+        Checkpoints(run_dir, cfg.checkpoint),
+    )  # fmt: skip

@@ -185,7 +185,7 @@ def train(cfg: TrainConfig) -> int:
             assert url is not None
             _wait_for_workers(connect(url), url)
             print(f"run {run_id}: broker {redact(url)}, run dir {run_dir}", file=sys.stderr)
-            result = Run(
+            result = Run.create(
                 cfg, redis_broker(url, run_id, cfg.weights), run_dir, run_id, resumed
             ).run()
     except RedisUnreachable as exc:
@@ -231,7 +231,7 @@ def _open_run_dir(cfg: TrainConfig) -> tuple[Path, str, Resumed | None, IO]:
         raise CliError(str(exc)) from None
     run_id, st = next_run_id(run_dir), resumed.state
     print(f"resuming from {resumed.checkpoint} ({st['accounting']['env_steps']} env steps, "
-          f"{st['updates']} updates, v{st['policy_version']}) as run {run_id}", file=sys.stderr)  # fmt: skip
+          f"{st['learner']['updates']} updates, v{st['publisher']['version']}) as run {run_id}", file=sys.stderr)  # fmt: skip
     return run_dir, run_id, resumed, lock
 
 

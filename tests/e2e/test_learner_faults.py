@@ -93,7 +93,7 @@ def test_a_sigkilled_learner_leaves_nothing_behind_and_resume_finishes_its_run(t
     assert not in_groups(groups)  # nor anything they had started meanwhile
     assert not (run_dir / "summary.json").exists()
     _, _, ckpt = Checkpoints(run_dir, CheckpointConfig()).newest()
-    steps, updates = ckpt["accounting"]["env_steps"], ckpt["updates"]
+    steps, updates = ckpt["accounting"]["env_steps"], ckpt["learner"]["updates"]
     assert steps < BUDGET, "the run ended before it was killed: nothing to resume"
     rows_before = read_metrics(run_dir / "metrics.jsonl")
     newest_before = published_version(run_dir)

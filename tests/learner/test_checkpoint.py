@@ -47,7 +47,7 @@ def make_run(tmp_path: Path, checkpoint_replay: bool = True, seed: int = 0,
     cfg.checkpoint.checkpoint_replay, cfg.checkpoint.checkpoints_kept = checkpoint_replay, 2
     run_dir = tmp_path / f"run-{seed}-{len(list(tmp_path.iterdir()))}"
     run_dir.mkdir()
-    return Run(cfg, FakeCluster().factory, run_dir, "run-a", resume)
+    return Run.create(cfg, FakeCluster().factory, run_dir, "run-a", resume)
 
 
 def train_a_while(run: Run, chunks: int = 5) -> None:
@@ -56,7 +56,7 @@ def train_a_while(run: Run, chunks: int = 5) -> None:
     for c in range(chunks):
         n = 64
         obs = rng.normal(size=(n, 4)).astype(np.float32)
-        run._store({"chunk": c, "policy_version": 0},
+        run.ingest.store({"chunk": c, "policy_version": 0},
                    {"obs": obs, "action": rng.integers(2, size=n),
                     "reward": rng.normal(size=n).astype(np.float32), "next_obs": obs + 0.1,
                     "terminated": rng.random(n) < 0.05})  # fmt: skip

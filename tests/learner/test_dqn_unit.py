@@ -15,7 +15,7 @@ from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.dqn.learning import DQNLearner
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
-from clusterenv.learner.run.loop import configure_torch
+from clusterenv.learner.run.wiring import configure_torch
 
 OBS_DIM, ACTIONS = 3, 2
 

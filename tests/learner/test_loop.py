@@ -37,7 +37,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 def test_a_run_spends_its_budget_and_records_every_evaluation(tmp_path):
     cluster = FakeCluster(processes=2, eval_return=12.0)
-    run = Run(small(), cluster.factory, run_dir(tmp_path), "run-a")
+    run = Run.create(small(), cluster.factory, run_dir(tmp_path), "run-a")
     result = run.run()
     # Dispatch stopped at the budget exactly: 16 chunks, each accepted once.
     assert result.env_steps == 16 * CHUNK and not result.solved
@@ -63,7 +63,7 @@ def test_a_run_spends_its_budget_and_records_every_evaluation(tmp_path):
 
 def test_an_evaluation_at_the_target_solves_the_run_and_keeps_its_network(tmp_path):
     cluster = FakeCluster(eval_return=500.0)  # CartPole-v1's threshold is 475
-    run = Run(small(total_steps=100 * CHUNK), cluster.factory, run_dir(tmp_path), "run-a")
+    run = Run.create(small(total_steps=100 * CHUNK), cluster.factory, run_dir(tmp_path), "run-a")
     result = run.run()
     assert result.solved and result.evals == [(4 * CHUNK, 500.0)]
     assert result.env_steps < 100 * CHUNK
@@ -73,7 +73,7 @@ def test_an_evaluation_at_the_target_solves_the_run_and_keeps_its_network(tmp_pa
 
 def test_a_ppo_run_updates_on_whole_batches_and_publishes_every_update(tmp_path):
     cluster = FakeCluster()
-    run = Run(small("ppo"), cluster.factory, run_dir(tmp_path), "run-a")
+    run = Run.create(small("ppo"), cluster.factory, run_dir(tmp_path), "run-a")
     result = run.run()
     assert result.env_steps == 16 * CHUNK
     # 16 chunks in batches of 2: up to 8 updates (dispatch runs a few chunks ahead of them)
@@ -86,7 +86,7 @@ def test_a_broker_that_lost_the_run_gets_its_weights_again_and_the_chunks_in_fli
     tmp_path,
 ):
     cluster = FakeCluster()
-    run = Run(small(), cluster.factory, run_dir(tmp_path), "run-a")
+    run = Run.create(small(), cluster.factory, run_dir(tmp_path), "run-a")
     cluster.flags.mark_started()
     run.publish()
     run.collect()  # 4 chunks in flight (2 processes x 2 tasks)
@@ -103,12 +103,12 @@ def test_a_broker_that_lost_the_run_gets_its_weights_again_and_the_chunks_in_fli
 
 def test_a_resumed_run_continues_from_its_checkpoint_under_a_new_run_id(tmp_path):
     first = FakeCluster()
-    a = Run(small(), first.factory, run_dir(tmp_path), "run-a")
+    a = Run.create(small(), first.factory, run_dir(tmp_path), "run-a")
     before = a.run()
     _, tensors, state = Checkpoints(a.run_dir, a.cfg.checkpoint).newest()
     resumed = Resumed(a.run_dir / "ckpt", tensors, state, ["run-a"], first.weights.version)
     second = FakeCluster()
-    b = Run(small(total_steps=24 * CHUNK), second.factory, a.run_dir, "run-a.r1", resumed)
+    b = Run.create(small(total_steps=24 * CHUNK), second.factory, a.run_dir, "run-a.r1", resumed)
     assert second.stopped_runs == ["run-a"]  # the dead learner's run is marked stopped
     after = b.run()
     assert after.env_steps == 24 * CHUNK and after.updates > before.updates
