@@ -66,7 +66,7 @@ task_publish_retry_policy = {
 }
 
 # Task events are what Flower lists chunks from, but each costs the worker a publish: ~0.5 ms of
-# CPU per task (bench/overhead.py, docs/benchmarks.md). Off unless asked for, as in Celery itself:
+# CPU per task (bench/overhead.py, docs/journal.md). Off unless asked for, as in Celery itself:
 # a running Flower turns them on in every worker (and again every 5 s for workers started later),
 # `celery worker -E` keeps one worker's on, CLUSTERENV_TASK_EVENTS=1 every worker's and the
 # learner's `task-sent` events too.

@@ -71,7 +71,7 @@ ENVS: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
     # CleanRL's PPO defaults, but LunarLander-v3, whose preset takes RL-Zoo's PPO settings (with
-    # CleanRL's it did not learn within 1M env steps: docs/benchmarks.md).
+    # CleanRL's it did not learn within 1M env steps: docs/journal.md, PPO LunarLander-v3).
     "ppo": {
         "CartPole-v1": {"budget": 150_000, "solved": 475.0, "flags": []},
         "Acrobot-v1": {"budget": 200_000, "solved": -100.0, "flags": []},
