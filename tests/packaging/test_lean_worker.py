@@ -68,7 +68,7 @@ def test_every_worker_module_imports_without_the_learner_dependencies(blocked_en
     assert int(out.stdout) >= 25  # every module of pipeline/ and tasks/
     assert blocked_env.read_text() == ""
     # The block works: the learner itself cannot be imported under it.
-    learner = subprocess.run([sys.executable, "-c", "import clusterenv.learner.dqn"],
+    learner = subprocess.run([sys.executable, "-c", "import clusterenv.learner.dqn.learning"],
                              cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert learner.returncode != 0 and "not part of a worker install" in learner.stderr
 
