@@ -251,6 +251,9 @@ class TrainConfig(Generic[AgentConfig]):
     def from_json(cls, text: str) -> TrainConfig:
         """The config a run directory stored (config.json); ValueError naming an unknown setting."""
         values = json.loads(text)
+        if "agent" not in values and ("dqn" in values or "ppo" in values):
+            raise ValueError("written by an older clusterenv (settings under 'dqn' and 'ppo', not "
+                             "'agent'); this version cannot resume that run")  # fmt: skip
         algo = values.get("algo", "dqn")
         if algo not in AGENT_CONFIGS:
             raise ValueError(f"unknown algo {algo!r}")

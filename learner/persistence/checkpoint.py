@@ -78,6 +78,9 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+    if meta.get("format") == "clusterenv-checkpoint/1":
+        raise CheckpointError(f"{path}: written by an older clusterenv (before every component "
+                              "saved itself); this version cannot resume from it")  # fmt: skip
     if meta.get("format") != FORMAT:
         raise CheckpointError(
             f"{path}: not a clusterenv checkpoint (format {meta.get('format')!r})"

@@ -275,3 +275,15 @@ def test_a_resume_asks_again_for_a_password_config_json_does_not_keep():
     with pytest.raises(ValueError, match="give --redis-url again"):
         check_overrides(saved, TrainConfig(redis_url=saved.redis_url))
     check_overrides(saved, TrainConfig(redis_url="redis://:secret@broker:6379/0"))
+
+
+def test_a_run_directory_of_the_layout_before_per_agent_settings_is_refused_by_name(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"env": "CartPole-v1", "dqn": {"lr": 1e-3}}))
+    with pytest.raises(ValueError, match="written by an older clusterenv"):
+        saved_config(tmp_path)
+    a = make_run(tmp_path)
+    path = Checkpoints(tmp_path, a.cfg.checkpoint).save(*capture(a, 0.0), 0)
+    data = path.read_bytes().replace(b"clusterenv-checkpoint/2", b"clusterenv-checkpoint/1")
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError, match="written by an older clusterenv"):
+        load_checkpoint(path)
