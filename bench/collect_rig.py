@@ -25,6 +25,7 @@ import numpy as np
 import psutil
 
 from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.runtime import WorkerRuntime
 from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
@@ -50,7 +51,7 @@ def chunk_template(
 ) -> dict[str, Any]:
     """ChunkRequest fields every chunk of one measurement shares (all but the chunk id)."""
     return {"run_id": run_id, "env_id": ENV, "num_envs": num_envs, "steps": steps,
-            "seed": seed, "epsilon": epsilon, "sync": "on-change"}  # fmt: skip
+            "seed": seed, "behaviour": EpsilonGreedy(epsilon), "sync": "on-change"}  # fmt: skip
 
 
 class TunedWorkers(LocalWorkers):

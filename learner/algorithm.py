@@ -1,9 +1,9 @@
 """One learner interface for DQN and PPO (Acme's Learner), and the run's algorithm-specific parts.
 
 The trainer, dispatch, stream, weights, sync, evaluation and accounting see only `Algorithm`: the
-learner behind the `Learner` interface, the extra arrays its chunks carry, how workers act, how
-often a version is published, the ε the workers are asked to explore with and the learning rate
-as collection goes on.
+learner behind the `Learner` interface, the extra arrays its chunks carry, how often a version is
+published, how the workers are asked to act (their behaviour: ε-greedy with a decaying ε, or
+categorical) and the learning rate as collection goes on.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from clusterenv.learner.dqn import DQNLearner
 from clusterenv.learner.ppo import PPOLearner
 from clusterenv.learner.rate_limiter import RateLimiter
 from clusterenv.learner.replay import ReplayBuffer
+from clusterenv.pipeline.behaviour import Behaviour, Categorical, EpsilonGreedy
 from clusterenv.pipeline.codec import ArraySpec
 
 
@@ -62,9 +63,10 @@ class Learner(Protocol):
 @dataclass
 class Algorithm:
     learner: Learner
-    policy: str  # how workers act (pipeline/policy.py), sent in every ChunkRequest
     publish_every: int  # learner updates between published versions
-    epsilon: Callable[[int], float]  # the exploration ε of chunks dispatched at an env-step count
+    # How workers act on chunks dispatched at an env-step count (pipeline/behaviour.py), sent in
+    # every ChunkRequest.
+    behaviour: Callable[[int], Behaviour]
     max_lag_versions: int  # the APS version guard the workers are sent (0: none)
     lr: Callable[[int], float]  # the learner's learning rate at an env-step count
     extra_specs: dict[str, ArraySpec] = field(default_factory=dict)  # arrays beyond transitions
@@ -101,7 +103,7 @@ def build_algorithm(
             half = max(1, p.max_policy_lag // 2)
             guard = min(guard, half) if guard else half
         # Every PPO update is a version: lag in versions is lag in policy updates.
-        return Algorithm(learner, "categorical", 1, lambda steps: 0.0, guard,
+        return Algorithm(learner, 1, lambda steps: Categorical(), guard,
                          lambda steps: p.ppo_lr, {"logp": ArraySpec("<f4", ())})  # fmt: skip
     r, spi = cfg.replay, cfg.replay.samples_per_insert
     replay = ReplayBuffer(r.buffer_size, obs_space.shape, obs_space.dtype)
@@ -115,6 +117,7 @@ def build_algorithm(
     dqn = DQNLearner(int(np.prod(obs_space.shape)), num_actions, cfg.dqn, replay, limiter, cfg.seed)
     w = cfg.weights
     return Algorithm(
-        dqn, "epsilon_greedy", w.publish_every, cfg.collection.epsilon, w.max_lag_versions,
+        dqn, w.publish_every, lambda steps: EpsilonGreedy(cfg.collection.epsilon(steps)),
+        w.max_lag_versions,
         lambda steps: cfg.dqn.lr_at(steps, cfg.total_steps),
     )  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from tyro.conf import arg
 from tyro.constructors import PrimitiveConstructorSpec
 
+from clusterenv.pipeline.behaviour import Behaviour, Categorical, EpsilonGreedy
 from clusterenv.pipeline.chunks.dispatcher import DispatchConfig
 from clusterenv.pipeline.connect import redact
 from clusterenv.pipeline.sync.rules import DEFAULT_SYNC, parse_sync
@@ -359,9 +360,9 @@ class TrainConfig:
         hidden_sizes(p.ppo_hidden, "ppo-hidden")
 
     @property
-    def policy_kind(self) -> str:
-        """How workers act (pipeline/policy.py): ε-greedy on Q for DQN, sampled logits for PPO."""
-        return "categorical" if self.algo == "ppo" else "epsilon_greedy"
+    def policy_kind(self) -> type[Behaviour]:
+        """How workers act (pipeline/behaviour.py): ε-greedy on Q for DQN, sampled logits for PPO."""
+        return Categorical if self.algo == "ppo" else EpsilonGreedy
 
     def settings(self) -> dict[str, tuple[Any, str]]:
         """Every setting by its flat name (its flag without dashes; names are unique across

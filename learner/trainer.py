@@ -122,7 +122,7 @@ class Trainer:
             "run_id": run_id, "env_id": cfg.env, "env_kwargs": cfg.env_kwargs,
             "num_envs": cfg.collection.envs_per_worker, "steps": cfg.collection.chunk_steps,
             "seed": cfg.seed, "sync": w.sync, "max_lag_versions": self.algo.max_lag_versions,
-            "max_lag_seconds": w.max_lag_seconds, "policy": self.algo.policy,
+            "max_lag_seconds": w.max_lag_seconds,
         }  # fmt: skip
         self.dispatcher = Dispatcher(
             send, WorkerRegistry(self.client).alive_processes, template, chunk, cfg.dispatch,
@@ -152,7 +152,7 @@ class Trainer:
             self.accounting.record(arrival)
         pending = self.dispatcher.pending_env_steps
         self.dispatcher.top_up(
-            self.algo.epsilon(self.accounting.env_steps + pending), self._may_send
+            self.algo.behaviour(self.accounting.env_steps + pending), self._may_send
         )
 
     def _may_send(self, pending: int) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from clusterenv.pipeline.behaviour import Behaviour
 from clusterenv.pipeline.policy import NumpyMLP
 
 Sink = Callable[[dict[str, Any], dict[str, np.ndarray]], None]
@@ -43,13 +44,15 @@ class SyncState(Protocol):
 
     def seconds_since_fetch(self) -> float: ...
 
-    def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None: ...
+    def divergence_to(self, version: int, behaviour: Behaviour, measure: str) -> float | None:
+        """Divergence `measure` of how `behaviour` acts with the held policy and with `version`."""
+        ...
 
 
 class SyncRule(Protocol):
     """Decides, once per chunk, whether a client fetches the weights of version `latest`."""
 
-    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool: ...
+    def should_fetch(self, client: SyncState, latest: int, behaviour: Behaviour) -> bool: ...
 
 
 class WeightClient(SyncState, Protocol):
@@ -58,8 +61,9 @@ class WeightClient(SyncState, Protocol):
     last_divergence: float | None
     run_stopped: bool
 
-    def sync(self, epsilon: float) -> NumpyMLP | None:
-        """The policy for the next chunk; None once the run has stopped (`run_stopped`)."""
+    def sync(self, behaviour: Behaviour) -> NumpyMLP | None:
+        """The policy for the next chunk, to act with as `behaviour` says; None once the run has
+        stopped (`run_stopped`)."""
         ...
 
     def record_steps(self, env_steps: int) -> None: ...

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import redis
 
+from clusterenv.pipeline.behaviour import Behaviour
 from clusterenv.pipeline.policy import NumpyMLP
 
 # Reference states and a small CartPole-shaped net, shared by the sync tests.
@@ -82,13 +83,13 @@ class FakeSyncState:
     own_version_stored: bool = True
     seconds: float = 0.0
     divergence: float | None = 0.0
-    asked: list[tuple[int, float, str]] = field(default_factory=list)
+    asked: list[tuple[int, Behaviour, str]] = field(default_factory=list)
 
     def seconds_since_fetch(self) -> float:
         return self.seconds
 
-    def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None:
-        self.asked.append((version, epsilon, measure))
+    def divergence_to(self, version: int, behaviour: Behaviour, measure: str) -> float | None:
+        self.asked.append((version, behaviour, measure))
         return self.divergence
 
 
@@ -108,11 +109,11 @@ class FakeWeightClient:
         self.run_stopped = False
         self.last_divergence: float | None = None
         self._divergence = divergence
-        self.syncs: list[float] = []  # the epsilon of each sync call
+        self.syncs: list[Behaviour] = []  # the behaviour of each sync call
         self.counters = {"version_checks": 0, "weight_fetches": 0, "weight_bytes": 0}
 
-    def sync(self, epsilon: float) -> NumpyMLP:
-        self.syncs.append(epsilon)
+    def sync(self, behaviour: Behaviour) -> NumpyMLP:
+        self.syncs.append(behaviour)
         self.counters["version_checks"] += 1
         self.last_divergence = self._divergence
         return self.policy
@@ -126,7 +127,7 @@ class FakeWeightClient:
     def seconds_since_fetch(self) -> float:
         return 0.0
 
-    def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None:
+    def divergence_to(self, version: int, behaviour: Behaviour, measure: str) -> float | None:
         return self._divergence
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import redis
 
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
 from clusterenv.pipeline.cluster.celery_client import celery_client
@@ -160,7 +161,9 @@ def test_chunks_flow_between_acl_users_over_tls(secure_stack):
                           transition_specs(np.float32, (4,)), num_actions=2)  # fmt: skip
     sender = celery_client(learner_url)
     for chunk in range(3):
-        req = ChunkRequest(keys.run_id, chunk, "CartPole-v1", 2, 5, seed=1, epsilon=0.5)
+        req = ChunkRequest(
+            keys.run_id, chunk, "CartPole-v1", 2, 5, seed=1, behaviour=EpsilonGreedy(0.5)
+        )
         sender.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
     got: list[int] = []
     deadline = time.monotonic() + 30

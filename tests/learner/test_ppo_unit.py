@@ -238,19 +238,21 @@ def test_aps_workers_get_a_version_guard_below_the_max_policy_lag():
 
     from clusterenv.learner.algorithm import build_algorithm
     from clusterenv.learner.config import TrainConfig
+    from clusterenv.pipeline.behaviour import Categorical, EpsilonGreedy
 
     space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     cfg = TrainConfig(algo="ppo")
     cfg.ppo.max_policy_lag = 10
     algo = build_algorithm(cfg, space, 2, lambda v: 0)
-    assert (algo.policy, algo.max_lag_versions, algo.publish_every) == ("categorical", 5, 1)
+    assert (algo.behaviour(0), algo.max_lag_versions, algo.publish_every) == (Categorical(), 5, 1)
     assert set(algo.extra_specs) == {"logp"}
     cfg.weights.max_lag_versions = 3  # the user's tighter guard stands
     assert build_algorithm(cfg, space, 2, lambda v: 0).max_lag_versions == 3
     cfg.weights.sync, cfg.weights.max_lag_versions = "on-change", 0  # no APS: no guard to send
     assert build_algorithm(cfg, space, 2, lambda v: 0).max_lag_versions == 0
     dqn = build_algorithm(TrainConfig(), space, 2, lambda v: 0)
-    assert (dqn.policy, dqn.max_lag_versions, dqn.extra_specs) == ("epsilon_greedy", 0, {})
+    assert (dqn.behaviour(0), dqn.max_lag_versions, dqn.extra_specs) == (EpsilonGreedy(1.0), 0, {})
+    assert dqn.behaviour(10**9) == EpsilonGreedy(TrainConfig().collection.eps_end)
 
 
 def test_a_ppo_checkpoint_round_trip_restores_the_networks_and_adam(tmp_path):

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
 from clusterenv.pipeline.cluster.embedded import LocalWorkers
@@ -29,7 +30,14 @@ def run_two_versions(celery_app, client, run_id: str, num_envs: int, queue: str)
     for chunk_id, seed in enumerate([0, 4]):
         source.publish(net(seed), NumpyMLP(net(seed))(REF))
         req = ChunkRequest(
-            run_id, chunk_id, "CartPole-v1", num_envs, 4, seed=1, epsilon=0.1, sync="aps:0"
+            run_id,
+            chunk_id,
+            "CartPole-v1",
+            num_envs,
+            4,
+            seed=1,
+            behaviour=EpsilonGreedy(0.1),
+            sync="aps:0",
         )
         celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json(), queue=queue)
         deadline = time.monotonic() + 30

@@ -18,6 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
 from clusterenv.pipeline.cluster.embedded import LocalWorkers
@@ -52,7 +53,7 @@ def send_slow_chunk(celery_app, client, run_id: str, queue: str, log: Path) -> N
     source.publish(net(0), NumpyMLP(net(0))(REF))
     env_kwargs = {"log_path": str(log.with_suffix(".evals")), "delay_s": 0.05, "eval_delay_s": 0}
     req = ChunkRequest(run_id, 0, "tests.e2e.step_recorder:SlowEval-v0", 1, 200, seed=1,
-                       epsilon=0.1, env_kwargs=env_kwargs)  # fmt: skip
+                       behaviour=EpsilonGreedy(0.1), env_kwargs=env_kwargs)  # fmt: skip
     celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json(), queue=queue)
     deadline = time.monotonic() + 30
     while not RECEIVED.search(log.read_text() if log.exists() else ""):

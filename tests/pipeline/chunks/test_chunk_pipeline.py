@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import redis
 
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.actor import env_seeds
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.runtime import WorkerRuntime
@@ -56,7 +57,7 @@ def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, per_task=1, 
         keys, transition_specs(np.float32, (4,)), num_actions=2,
     )  # fmt: skip
     for cid in chunk_ids:
-        req = ChunkRequest(run_id, cid, "CartPole-v1", num_envs, steps, seed=5, epsilon=0.0,
+        req = ChunkRequest(run_id, cid, "CartPole-v1", num_envs, steps, seed=5, behaviour=EpsilonGreedy(0.0),
                            env_kwargs=ENV_KWARGS, chunks=per_task)  # fmt: skip
         celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
     expected = len(chunk_ids) * per_task
@@ -153,9 +154,12 @@ def test_malformed_and_foreign_entries_are_counted_and_skipped(client, run_id):
         assert part in reasons
 
 
-@pytest.mark.parametrize("bad", [{"num_envs": 0}, {"epsilon": 2.0}, {"surprise": 1}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"num_envs": 0}, {"behaviour": {"kind": "epsilon_greedy", "epsilon": 2.0}}, {"surprise": 1}],
+)
 def test_bad_chunk_requests_are_refused(bad):
-    data = ChunkRequest("r", 0, "CartPole-v1", 2, 5, 1, 0.1).to_json() | bad
+    data = ChunkRequest("r", 0, "CartPole-v1", 2, 5, 1, EpsilonGreedy(0.1)).to_json() | bad
     with pytest.raises((ValueError, TypeError)):
         ChunkRequest.from_json(data)
 
@@ -165,7 +169,9 @@ def test_a_stop_between_a_tasks_chunks_ends_the_task_there(client, run_id):
     keys = RunKeys(run_id)
     RedisWeightSource(client, keys).publish(POLICY)
     runtime = WorkerRuntime(client, "w:1")
-    req = ChunkRequest(run_id, 10, "CartPole-v1", 2, 5, seed=5, epsilon=0.0, chunks=4)
+    req = ChunkRequest(
+        run_id, 10, "CartPole-v1", 2, 5, seed=5, behaviour=EpsilonGreedy(0.0), chunks=4
+    )
     writer = StreamWriter(client, keys)
 
     class StopAfterTwo:  # the learner ends the run while the task's second chunk is written
@@ -174,7 +180,9 @@ def test_a_stop_between_a_tasks_chunks_ends_the_task_there(client, run_id):
                 client.set(keys.stop, 1)
             return writer.write(header, arrays)
 
-    first = runtime.run_chunk(ChunkRequest(run_id, 0, "CartPole-v1", 2, 5, seed=5, epsilon=0.0))
+    first = runtime.run_chunk(
+        ChunkRequest(run_id, 0, "CartPole-v1", 2, 5, seed=5, behaviour=EpsilonGreedy(0.0))
+    )
     assert first["chunks_done"] == 1 and client.xlen(keys.stream) == 1
     runtime.runs.get(run_id).writer = StopAfterTwo()
     summary = runtime.run_chunk(req)
@@ -194,7 +202,7 @@ def test_a_tasks_chunks_are_stored_when_it_returns_at_one_round_trip_each(
     runtime = WorkerRuntime(client, "w:1")
 
     def request(chunk_id: int, chunks: int) -> ChunkRequest:
-        return ChunkRequest(run_id, chunk_id, "CartPole-v1", 2, 5, seed=5, epsilon=0.0,
+        return ChunkRequest(run_id, chunk_id, "CartPole-v1", 2, 5, seed=5, behaviour=EpsilonGreedy(0.0),
                             sync="on-change", chunks=chunks)  # fmt: skip
 
     runtime.run_chunk(request(0, 1))  # builds the envs and fetches the weights

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from clusterenv.pipeline.behaviour import Categorical, EpsilonGreedy
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.sync.client import RedisWeightClient
@@ -38,7 +39,7 @@ def test_on_change_fetches_each_seen_version_once(client, run_id):
     for v in range(5):
         learner.publish(net(v))
         for _ in range(3):  # several chunks per version: only the first one fetches
-            wc.sync(0.1)
+            wc.sync(EpsilonGreedy(0.1))
             if not fetched or fetched[-1] != wc.version:
                 fetched.append(wc.version)
     assert fetched == [0, 1, 2, 3, 4]
@@ -50,7 +51,7 @@ def test_always_fetches_every_chunk(client, run_id):
     learner, wc = Learner(client, run_id), client_for(client, run_id, "always")
     learner.publish(net(0))
     for _ in range(4):
-        wc.sync(0.1)
+        wc.sync(EpsilonGreedy(0.1))
     assert wc.counters.weight_fetches == 4
     assert wc.counters.weight_bytes == 4 * learner.blobs[0]
 
@@ -58,11 +59,11 @@ def test_always_fetches_every_chunk(client, run_id):
 def test_interval_respects_n(client, run_id):
     learner, wc = Learner(client, run_id), client_for(client, run_id, "interval:1000")
     learner.publish(net(0))
-    wc.sync(0.1)
+    wc.sync(EpsilonGreedy(0.1))
     for step in range(1, 6):
         learner.publish(net(step))
         wc.record_steps(256)
-        wc.sync(0.1)
+        wc.sync(EpsilonGreedy(0.1))
         expected_version = 0 if 256 * step < 1000 else 4
         assert wc.version == expected_version, step
     assert wc.counters.weight_fetches == 2  # the first, then once 1024 >= 1000 steps had passed
@@ -71,12 +72,12 @@ def test_interval_respects_n(client, run_id):
 def test_aps_skips_identical_weights_and_fetches_a_changed_policy(client, run_id):
     learner, wc = Learner(client, run_id), client_for(client, run_id, "aps:0.01")
     learner.publish(net(0))
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     learner.publish(net(0))  # a new version with the same weights
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     assert wc.version == 0 and wc.last_divergence == 0.0
     learner.publish(net(7))
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     assert wc.version == 2 and wc.last_divergence > 0.01
     assert wc.counters.weight_fetches == 2
 
@@ -86,7 +87,7 @@ def stale_client(client, run_id: str, spec: str) -> RedisWeightClient:
     learner = Learner(client, run_id)
     learner.publish(net(0))
     wc = client_for(client, run_id, spec)
-    wc.sync(0.0)  # a client's first sync always fetches
+    wc.sync(EpsilonGreedy(0.0))  # a client's first sync always fetches
     learner.publish(net(3))
     assert wc.version == 0
     return wc
@@ -94,23 +95,23 @@ def stale_client(client, run_id: str, spec: str) -> RedisWeightClient:
 
 def test_aps_tolerance_decides(client, run_id):
     measured = stale_client(client, f"{run_id}-measured", "aps:0")
-    d = measured.divergence_to(1, 0.0, "value")
+    d = measured.divergence_to(1, EpsilonGreedy(0.0), "value")
     assert d is not None and d > 0
     for i, (tol, fetch) in enumerate([(d * 0.5, True), (d * 2, False)]):
         wc = stale_client(client, f"{run_id}-{i}", f"aps:{tol}")  # same weights, same probes
-        wc.sync(0.0)
+        wc.sync(EpsilonGreedy(0.0))
         assert (wc.version == 1) is fetch, tol
 
 
 def test_an_evicted_version_forces_a_fetch(client, run_id):
     learner, wc = Learner(client, run_id), client_for(client, run_id, "aps:0.5")
     learner.publish(net(0))
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     learner.publish(net(0))
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     assert wc.version == 0
     client.delete(RunKeys(run_id).weights(0))  # retention dropped the worker's version
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     assert wc.version == 1
 
 
@@ -126,11 +127,11 @@ def test_max_lag_guard_fires(client, run_id):
     learner = Learner(client, run_id)
     wc = client_for(client, run_id, Aps(tolerance=1.0, max_lag_versions=3))
     learner.publish(net(0))
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     versions = []
     for _ in range(6):
         learner.publish(net(0))  # identical weights: divergence alone would never fetch
-        wc.sync(0.0)
+        wc.sync(EpsilonGreedy(0.0))
         versions.append(wc.version)
     assert versions == [0, 0, 3, 3, 3, 6]
 
@@ -140,11 +141,11 @@ def test_byte_counters_equal_what_the_server_sent(client, run_id):
     learner.publish(net(0))
     wc = client_for(client, run_id, "aps:0")
     out0 = int(client.info("stats")["total_net_output_bytes"])
-    wc.sync(0.0)  # first fetch: weights only
+    wc.sync(EpsilonGreedy(0.0))  # first fetch: weights only
     assert wc.version == 0
     learner.publish(net(5))
     learner.publish(net(9))  # the worker, holding v0, is now two versions behind
-    wc.sync(0.0)  # probe + reference + weights
+    wc.sync(EpsilonGreedy(0.0))  # probe + reference + weights
     out1 = int(client.info("stats")["total_net_output_bytes"])
     assert wc.version == 2
     counted = wc.counters.weight_bytes + wc.counters.probe_bytes
@@ -168,10 +169,10 @@ def test_bad_specs_are_refused(spec):
 def test_the_sync_check_sees_a_stopped_run_in_the_same_round_trip(client, run_id):
     learner, wc = Learner(client, run_id), client_for(client, run_id, "on-change")
     learner.publish(net(0))
-    assert wc.sync(0.1) is not None and not wc.run_stopped
+    assert wc.sync(EpsilonGreedy(0.1)) is not None and not wc.run_stopped
     client.set(RunKeys(run_id).stop, 1)
     learner.publish(net(1))
-    assert wc.sync(0.1) is None and wc.run_stopped
+    assert wc.sync(EpsilonGreedy(0.1)) is None and wc.run_stopped
     assert wc.version == 0 and wc.counters.weight_fetches == 1  # nothing fetched once stopped
 
 
@@ -182,18 +183,18 @@ def test_categorical_aps_measures_the_policies_kl_on_the_probe(client, run_id):
 
     learner = Learner(client, run_id)
     learner.publish(net(0))
-    rule = parse_sync("aps:0.01", policy="categorical")
+    rule = parse_sync("aps:0.01", kind=Categorical)
     assert rule == Aps(0.01, "kl")
-    wc = RedisWeightClient(client, RunKeys(run_id), rule, kind="categorical")
-    wc.sync(0.0)
+    wc = RedisWeightClient(client, RunKeys(run_id), rule)
+    wc.sync(Categorical())
     learner.publish(net(0))  # the same weights as a new version: nothing to fetch
-    assert wc.divergence_to(1, 0.0, "kl") == 0.0
-    wc.sync(0.0)
+    assert wc.divergence_to(1, Categorical(), "kl") == 0.0
+    wc.sync(Categorical())
     assert wc.version == 0 and wc.last_divergence == 0.0
     learner.publish(net(3))
-    expected = categorical_kl(NumpyMLP(net(3))(REF), NumpyMLP(net(0))(REF), 0.0)
-    assert wc.divergence_to(2, 0.0, "kl") == pytest.approx(expected) and expected > 0.01
-    wc.sync(0.0)
+    expected = categorical_kl(NumpyMLP(net(3))(REF), NumpyMLP(net(0))(REF))
+    assert wc.divergence_to(2, Categorical(), "kl") == pytest.approx(expected) and expected > 0.01
+    wc.sync(Categorical())
     assert wc.version == 2  # past the tolerance: fetched
 
 
@@ -202,15 +203,15 @@ def test_aps_reads_a_versions_probe_once_while_it_stays_behind_it(client, run_id
     re-measures only when a newer version (or its own fetch) changes the question."""
     learner = Learner(client, run_id)
     learner.publish(net(0))
-    wc = RedisWeightClient(client, RunKeys(run_id), Aps(1e9, "kl"), kind="categorical")
-    wc.sync(0.0)
+    wc = RedisWeightClient(client, RunKeys(run_id), Aps(1e9, "kl"))
+    wc.sync(Categorical())
     learner.publish(net(3))
     for _ in range(4):
-        wc.sync(0.0)
+        wc.sync(Categorical())
         assert wc.version == 0 and wc.last_divergence > 0
     assert wc.counters.probe_fetches == 2  # version 1's probe and the reference batch, once
     learner.publish(net(4))
-    wc.sync(0.0)
+    wc.sync(Categorical())
     assert wc.counters.probe_fetches == 3  # a newer version: its probe (same reference states)
     assert wc.counters.probe_bytes == sum(
         len(k) + len(v)
