@@ -28,7 +28,7 @@ from clusterenv.learner.replay import ReplayBuffer
 from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.runtime import WorkerRuntime
-from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.cluster.celery_client import celery_client
 from clusterenv.pipeline.cluster.embedded import (
     EmbeddedServer,
@@ -36,12 +36,15 @@ from clusterenv.pipeline.cluster.embedded import (
     Stack,
     _die_with_parent,
 )
+from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.spaces import DiscreteActions, SpaceSpecs
 from clusterenv.pipeline.sync.source import RedisWeightSource
 
 ENV = "CartPole-v1"
 OBS_SHAPE, NUM_ACTIONS = (4,), 2
+SPACES = SpaceSpecs(ArraySpec("<f4", OBS_SHAPE), DiscreteActions(NUM_ACTIONS))
 # Celery logs this line per task; the runtime covers the task function (run_chunk) only.
 SUCCEEDED = re.compile(rb"Task clusterenv\.collect_chunk\[[^\]]+\] succeeded in ([0-9.eE+-]+)s")
 
@@ -136,12 +139,7 @@ class Rig:
         Tasks of `per_task` chunks each, `in_flight` tasks at a time."""
         keys = RunKeys(f"bench-overhead-{uuid.uuid4().hex[:8]}")
         RedisWeightSource(self.client, keys).publish(weights)
-        reader = StreamReader(
-            connect(self.url, blocking=True),
-            keys,
-            transition_specs(np.float32, OBS_SHAPE),
-            NUM_ACTIONS,
-        )
+        reader = StreamReader(connect(self.url, blocking=True), keys, SPACES)
         replay = ReplayBuffer(100_000, OBS_SHAPE, np.float32)
         arrivals: list[float] = []
 

@@ -46,7 +46,8 @@ class Publisher:
             if self.source.reference is None or due or new_reference:
                 recent = self.replay.recent_obs(10 * size)
                 pick = self.rng.choice(len(recent), size=size, replace=False)
-                self.source.publish_reference(recent[pick].reshape(size, -1).astype(np.float32))
+                # As the env observes them (dtype and shape): the workers read them so.
+                self.source.publish_reference(recent[pick])
             probe = NumpyMLP(weights)(self.source.reference)
         self.updates_at_version[self.version + 1] = updates  # before any chunk can carry it
         self.on_version(self.version + 1)

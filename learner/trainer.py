@@ -38,11 +38,12 @@ from clusterenv.learner.resume import Resumed, record_run_id, record_version
 from clusterenv.learner.state import checkpoint, mark_started, mark_stopped, resume_run
 from clusterenv.learner.status import RunStatus
 from clusterenv.pipeline.chunks.dispatcher import Dispatcher
-from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.cluster.celery_client import celery_client
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.spaces import SpaceSpecs
 from clusterenv.pipeline.sync.source import RedisWeightSource
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,8 @@ class Trainer:
         rng = np.random.default_rng([cfg.seed, 1])
         self.publisher = Publisher(source, self.replay, w, rng, partial(record_version, run_dir))
         reader = StreamReader(
-            connect(redis_url, blocking=True), self.keys,
-            transition_specs(obs_space.dtype, obs_space.shape, self.algo.extra_specs), num_actions,
+            connect(redis_url, blocking=True), self.keys, SpaceSpecs.of(obs_space, act_space),
+            self.algo.extra_specs,
         )  # fmt: skip
         self.reader_stats, self.accepted_chunks = reader.stats, reader.seen
         self.ingest = Ingest(reader, self.learner.insert, lag)

@@ -17,10 +17,14 @@ import numpy as np
 import redis
 
 from clusterenv.pipeline.behaviour import Behaviour
+from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.spaces import DiscreteActions, SpaceSpecs
 
 # Reference states and a small CartPole-shaped net, shared by the sync tests.
 REF = np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32)
+# CartPole's observation and action as chunks carry them (what REF and `net` fit).
+CARTPOLE = SpaceSpecs(ArraySpec("<f4", (4,)), DiscreteActions(2))
 
 
 def net(seed: int) -> dict[str, np.ndarray]:

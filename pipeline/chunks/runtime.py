@@ -85,9 +85,11 @@ class WorkerRuntime:
         index = int(self.client.incr(keys.actor_counter)) - 1
         seeds = env_seeds(req.seed, index, req.num_envs)
         rule = parse_sync(req.sync, req.max_lag_versions, req.max_lag_seconds, type(req.behaviour))
+        actor = Actor(make_vector_env(req.env_id, req.env_kwargs, req.num_envs), seeds)
         return RunState(
-            actor=Actor(make_vector_env(req.env_id, req.env_kwargs, req.num_envs), seeds),
-            weights=RedisWeightClient(self.client, keys, rule, self.outbox),
+            actor=actor,
+            # Reference states are read as the env's own observations (dtype and shape).
+            weights=RedisWeightClient(self.client, keys, rule, actor.spaces.obs, self.outbox),
             writer=StreamWriter(self.client, keys, self.outbox),
             actor_index=index,
             rng=np.random.default_rng(seeds[0]),
@@ -123,7 +125,13 @@ def collect_chunk(
     policy = state.weights.sync(req.behaviour)
     if policy is None:
         return None
-    chunk = state.actor.collect(lambda obs: req.behaviour.act(policy(obs), state.rng), req.steps)
+    to_env = state.actor.spaces.action.from_index
+
+    def act(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        index, extra = req.behaviour.act(policy(obs), state.rng)
+        return to_env(index), extra
+
+    chunk = state.actor.collect(act, req.steps)
     state.weights.record_steps(chunk.env_steps)
     counters = state.weights.counters_json()
     header = {

@@ -19,6 +19,7 @@ from clusterenv.pipeline.chunks.actor import make_vector_env
 from clusterenv.pipeline.evaluation.request import EvalRequest
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP, load_policy
+from clusterenv.pipeline.spaces import action_spec
 from clusterenv.pipeline.sync.client import read_weights
 
 # The learner reads results within seconds; a result nobody reads must not stay forever.
@@ -26,12 +27,14 @@ RESULTS_TTL_S = 3600
 
 
 def greedy_returns(envs: gym.vector.VectorEnv, policy: NumpyMLP, seeds: list[int]) -> np.ndarray:
-    """Undiscounted return of one greedy episode in each env, env i reset with `seeds[i]`."""
+    """Undiscounted return of one greedy episode in each env, env i reset with `seeds[i]`; the
+    greedy action is the action space's (pipeline/spaces.py: argmax for Discrete)."""
+    greedy = action_spec(envs.single_action_space).greedy
     obs, _ = envs.reset(seed=seeds)
     returns = np.zeros(envs.num_envs)
     running = np.ones(envs.num_envs, dtype=bool)
     while running.any():
-        obs, reward, terminated, truncated, _ = envs.step(policy(obs).argmax(axis=1))
+        obs, reward, terminated, truncated, _ = envs.step(greedy(policy(obs)))
         returns += np.where(running, reward, 0.0)
         running &= ~(terminated | truncated)
     return returns

@@ -10,6 +10,7 @@ once per pair of held and newest version.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -71,9 +72,11 @@ class RedisWeightClient:
         client: redis.Redis,
         keys: RunKeys,
         rule: SyncRule,
+        obs: ArraySpec,
         outbox: Outbox | None = None,
     ):
         self.client, self.keys, self.rule = client, keys, rule
+        self.obs = obs  # one observation of the run's env: how its reference states are stored
         # The sync check's reads go out with whatever the outbox holds (the last chunk's XADD).
         self.outbox = outbox if outbox is not None else Outbox(client)
         self.version: int | None = None
@@ -152,8 +155,7 @@ class RedisWeightClient:
     def _reference_states(self, ref: int) -> np.ndarray | None:
         if self._reference is not None and self._reference[0] == ref:
             return self._reference[1]
-        obs = ArraySpec("<f4", (self.policy.num_inputs,))
-        got = self._read(self.keys.reference(ref), {"obs": obs})
+        got = self._read(self.keys.reference(ref), {"obs": self.obs})
         if got is None:
             return None
         self._reference = (ref, got[1]["obs"].copy())
@@ -193,6 +195,10 @@ class RedisWeightClient:
         self.counters.weight_bytes += len(blob)
         try:
             policy = load_policy(blob)
+            if policy.num_inputs != math.prod(self.obs.row_shape):
+                raise ValueError(
+                    f"{policy.num_inputs} inputs for observations of shape {self.obs.row_shape}"
+                )
             held = self.policy
             if held is not None and (
                 policy.num_inputs != held.num_inputs or policy.num_outputs != held.num_outputs

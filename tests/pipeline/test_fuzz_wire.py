@@ -34,17 +34,17 @@ from clusterenv.pipeline.remote_env.messages import (
     unpack,
 )
 from clusterenv.pipeline.task_args import TaskArgsError
-from tests.bad_input import NUM_ACTIONS, OBS_SHAPE, bad_entry, entry, json_values
+from tests.bad_input import SPACES, bad_entry, entry, json_values
 from tests.fakes import net
 
-SPECS = transition_specs(np.float32, OBS_SHAPE)
+SPECS = transition_specs(SPACES)
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def accept(fields: dict[bytes, bytes], run_id: str = "run-f") -> tuple[dict, dict]:
     """What the learner's StreamReader does with one entry before replay."""
     header, arrays = decode_chunk(fields, SPECS)
-    check_content(header, arrays, run_id, NUM_ACTIONS)
+    check_content(header, arrays, run_id, SPACES.action)
     return header, arrays
 
 

@@ -24,7 +24,7 @@ from clusterenv.pipeline.roles import (
 from clusterenv.pipeline.sync.client import RedisWeightClient
 from clusterenv.pipeline.sync.rules import Always, Aps, Interval, OnChange
 from clusterenv.pipeline.sync.source import RedisWeightSource
-from tests.fakes import FakeSyncState, FakeWeightClient, FakeWriter, net
+from tests.fakes import CARTPOLE, FakeSyncState, FakeWeightClient, FakeWriter, net
 
 KEYS = RunKeys("roles")
 
@@ -48,9 +48,9 @@ def params(sig: inspect.Signature) -> list[str]:
 
 
 CASES = [
-    (WeightClient, lambda: RedisWeightClient(redis.Redis(), KEYS, Always())),
+    (WeightClient, lambda: RedisWeightClient(redis.Redis(), KEYS, Always(), CARTPOLE.obs)),
     (WeightClient, lambda: FakeWeightClient(net(0))),
-    (SyncState, lambda: RedisWeightClient(redis.Redis(), KEYS, Always())),
+    (SyncState, lambda: RedisWeightClient(redis.Redis(), KEYS, Always(), CARTPOLE.obs)),
     (SyncState, FakeSyncState),
     (WeightSource, lambda: RedisWeightSource(None, KEYS)),
     (TransitionWriter, lambda: StreamWriter(None, KEYS)),

@@ -17,10 +17,10 @@ from clusterenv.learner.dqn import DQNLearner
 from clusterenv.learner.ingest import Ingest
 from clusterenv.learner.rate_limiter import RateLimiter
 from clusterenv.learner.replay import ReplayBuffer
-from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
-from tests.bad_input import NUM_ACTIONS, OBS_SHAPE, POISON, bad_entry, entry
+from tests.bad_input import NUM_ACTIONS, OBS_SHAPE, POISON, SPACES, bad_entry, entry
 
 
 @st.composite
@@ -40,8 +40,7 @@ def ingest_all(redis_url: str, run_id: str, batch: list[tuple[dict[bytes, bytes]
     keys = RunKeys(run_id)
     client = connect(redis_url)
     reader = StreamReader(
-        connect(redis_url, blocking=True), keys, transition_specs(np.float32, OBS_SHAPE),
-        NUM_ACTIONS,
+        connect(redis_url, blocking=True), keys, SPACES,
     )  # fmt: skip
     replay = ReplayBuffer(1000, OBS_SHAPE, np.float32)
     dqn = DQNLearner(int(np.prod(OBS_SHAPE)), NUM_ACTIONS, DQNConfig(hidden="8"), replay,

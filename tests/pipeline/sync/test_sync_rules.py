@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from clusterenv.pipeline.behaviour import Categorical, EpsilonGreedy
+from clusterenv.pipeline.codec import ArraySpec, decode_chunk
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.sync.client import RedisWeightClient
 from clusterenv.pipeline.sync.rules import Aps, parse_sync
 from clusterenv.pipeline.sync.source import RedisWeightSource
-from tests.fakes import REF, net
+from tests.fakes import CARTPOLE, REF, net
 
 
 class Learner:
@@ -29,7 +31,7 @@ class Learner:
 
 def client_for(client, run_id, spec):
     return RedisWeightClient(
-        client, RunKeys(run_id), parse_sync(spec) if isinstance(spec, str) else spec
+        client, RunKeys(run_id), parse_sync(spec) if isinstance(spec, str) else spec, CARTPOLE.obs
     )
 
 
@@ -185,7 +187,7 @@ def test_categorical_aps_measures_the_policies_kl_on_the_probe(client, run_id):
     learner.publish(net(0))
     rule = parse_sync("aps:0.01", kind=Categorical)
     assert rule == Aps(0.01, "kl")
-    wc = RedisWeightClient(client, RunKeys(run_id), rule)
+    wc = RedisWeightClient(client, RunKeys(run_id), rule, CARTPOLE.obs)
     wc.sync(Categorical())
     learner.publish(net(0))  # the same weights as a new version: nothing to fetch
     assert wc.divergence_to(1, Categorical(), "kl") == 0.0
@@ -203,7 +205,7 @@ def test_aps_reads_a_versions_probe_once_while_it_stays_behind_it(client, run_id
     re-measures only when a newer version (or its own fetch) changes the question."""
     learner = Learner(client, run_id)
     learner.publish(net(0))
-    wc = RedisWeightClient(client, RunKeys(run_id), Aps(1e9, "kl"))
+    wc = RedisWeightClient(client, RunKeys(run_id), Aps(1e9, "kl"), CARTPOLE.obs)
     wc.sync(Categorical())
     learner.publish(net(3))
     for _ in range(4):
@@ -222,3 +224,38 @@ def test_aps_reads_a_versions_probe_once_while_it_stays_behind_it(client, run_id
         )
         for k, v in client.hgetall(key).items()
     )
+
+
+def test_uint8_reference_states_reach_the_worker_as_observed(client, run_id):
+    """The learner's publisher stores reference states from replay in the observation's own dtype
+    and shape (a uint8 frame stays a uint8 frame), and an APS worker reads them so: its divergence
+    is the one measured on exactly those states."""
+    from clusterenv.learner.config import WeightSyncConfig
+    from clusterenv.learner.publisher import Publisher
+    from clusterenv.learner.replay import ReplayBuffer
+
+    shape, rng = (10, 10, 4), np.random.default_rng(0)
+    frames = rng.integers(0, 256, (80, *shape), dtype=np.uint8)
+    replay = ReplayBuffer(100, shape, np.uint8)
+    replay.add(frames, np.zeros(80, np.int64), np.zeros(80, np.float32), frames, np.zeros(80, bool))
+    keys = RunKeys(run_id)
+    source = RedisWeightSource(client, keys)
+    publisher = Publisher(source, replay, WeightSyncConfig(reference_size=8), rng)
+
+    def weights(seed: int) -> dict[str, np.ndarray]:
+        w = np.random.default_rng(seed).normal(size=(3, 400)).astype(np.float32) / 400
+        return {"layers.0.weight": w, "layers.0.bias": np.zeros(3, np.float32)}
+
+    publisher.publish(weights(0), updates=0)
+    assert source.reference.dtype == np.uint8 and source.reference.shape == (8, *shape)
+    obs = ArraySpec("|u1", shape)
+    _, stored = decode_chunk(client.hgetall(keys.reference(0)), {"obs": obs})
+    np.testing.assert_array_equal(stored["obs"], source.reference)
+
+    wc = RedisWeightClient(client, keys, Aps(1e9, "value"), obs)
+    wc.sync(EpsilonGreedy(0.0))
+    publisher.publish(weights(1), updates=1)
+    wc.sync(EpsilonGreedy(0.0))
+    learner, worker = NumpyMLP(weights(1))(source.reference), NumpyMLP(weights(0))(source.reference)
+    assert wc.counters.probes_rejected == 0 and wc.version == 0
+    assert wc.last_divergence == EpsilonGreedy(0.0).divergence("value", learner, worker) > 0
