@@ -19,14 +19,11 @@ from typing import TYPE_CHECKING, Any
 import redis
 import torch
 
-from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.keys import RUN_KEYS_TTL_S, RunKeys
 
 if TYPE_CHECKING:
     from clusterenv.learner.resume import Resumed
     from clusterenv.learner.trainer import Trainer
-
-# Once a run ends, late chunks see `stop` and return at once; the run's keys expire after this.
-RUN_KEYS_EXPIRE_S = 3600
 
 
 def mark_started(client: redis.Redis, keys: RunKeys) -> None:
@@ -39,9 +36,9 @@ def mark_stopped(client: redis.Redis, keys: RunKeys) -> None:
     """Set the run's stop key (queued chunks return at once, workers drop its envs) and let its
     keys expire; stream entries nobody will read go with them."""
     pipe = client.pipeline(transaction=False)
-    pipe.set(keys.stop, 1, ex=RUN_KEYS_EXPIRE_S)
+    pipe.set(keys.stop, 1, ex=RUN_KEYS_TTL_S)  # late chunks see it and return at once
     for key in (keys.stream, keys.actor_counter, keys.weights_latest, keys.marker):
-        pipe.expire(key, RUN_KEYS_EXPIRE_S)
+        pipe.expire(key, RUN_KEYS_TTL_S)
     pipe.execute()
 
 

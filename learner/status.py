@@ -10,15 +10,13 @@ from typing import Any
 
 import redis
 
-from clusterenv.pipeline.keys import RUN_STATUS_PATTERN, RunKeys
+from clusterenv.pipeline.keys import RUN_KEYS_TTL_S, RUN_STATUS_PATTERN, RunKeys
 
 log = logging.getLogger(__name__)
 
 # A SET every few seconds costs the broker nothing and keeps the status fresher than the
 # learner's log line (every --status-every-s, 30 s by default).
 STATUS_EVERY_S = 5.0
-# A status outlives its run by as long as the run's other keys (the trainer's RUN_KEYS_EXPIRE_S).
-STATUS_TTL_S = 3600
 
 
 class RunStatus:
@@ -40,7 +38,7 @@ class RunStatus:
         self._at = time.monotonic()
         status = {**self.fixed, "state": state, **figures, "updated_at": round(time.time(), 3)}
         try:
-            self.client.set(self.key, json.dumps(status, default=str), ex=STATUS_TTL_S)
+            self.client.set(self.key, json.dumps(status, default=str), ex=RUN_KEYS_TTL_S)
         except redis.RedisError as exc:
             log.warning("could not write the run status: %s", exc)
 

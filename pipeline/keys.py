@@ -18,6 +18,10 @@ EVAL_QUEUE = f"{PREFIX}:eval"
 # Each run's learner status (`clusterenv status` finds them all).
 RUN_STATUS_PATTERN = f"{PREFIX}:run:*:status"
 
+# How long a run's keys outlive it (its stop key and stream, its status, evaluation results
+# nobody read): late chunks still see `stop`, `clusterenv status` still shows the end state.
+RUN_KEYS_TTL_S = 3600
+
 # Stream entry fields: a JSON header plus one raw-bytes field per array.
 FIELD_HEADER = b"header"
 ARRAY_FIELD_PREFIX = b"a:"

@@ -17,13 +17,10 @@ import redis
 
 from clusterenv.pipeline.chunks.actor import make_vector_env
 from clusterenv.pipeline.evaluation.request import EvalRequest
-from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.keys import RUN_KEYS_TTL_S, RunKeys
 from clusterenv.pipeline.policy import NumpyMLP, load_policy
 from clusterenv.pipeline.spaces import action_spec
 from clusterenv.pipeline.sync.client import read_weights
-
-# The learner reads results within seconds; a result nobody reads must not stay forever.
-RESULTS_TTL_S = 3600
 
 
 def greedy_returns(envs: gym.vector.VectorEnv, policy: NumpyMLP, seeds: list[int]) -> np.ndarray:
@@ -63,7 +60,7 @@ class EvalRunner:
         pipe = self.client.pipeline(transaction=False)
         pipe.exists(keys.stop)
         pipe.hset(keys.eval_takers, f"{req.eval_id}:{req.part}", self.hostname)
-        pipe.expire(keys.eval_takers, RESULTS_TTL_S)
+        pipe.expire(keys.eval_takers, RUN_KEYS_TTL_S)
         if pipe.execute()[0]:
             return {"eval": req.eval_id, "part": req.part, "skipped": "run stopped"}
         # Retention dropped the version meanwhile: evaluate the newest, and say which.
@@ -81,6 +78,6 @@ class EvalRunner:
                    "worker": self.worker_name}  # fmt: skip
         pipe = self.client.pipeline(transaction=True)
         pipe.rpush(keys.eval_results, json.dumps(result))
-        pipe.expire(keys.eval_results, RESULTS_TTL_S)
+        pipe.expire(keys.eval_results, RUN_KEYS_TTL_S)  # read within seconds, or never
         pipe.execute()
         return result
