@@ -23,6 +23,7 @@ from clusterenv.learner.rate_limiter import RateLimiter
 from clusterenv.learner.replay import ReplayBuffer
 from clusterenv.pipeline.behaviour import Behaviour, Categorical, EpsilonGreedy
 from clusterenv.pipeline.codec import ArraySpec
+from clusterenv.pipeline.sync.source import reference_pool_rows
 
 
 class Learner(Protocol):
@@ -93,7 +94,7 @@ def build_algorithm(
         )
         learner = PPOLearner(
             obs_space.shape, obs_space.dtype, num_actions, p, limiter, lag_versions,
-            recent_rows=10 * cfg.weights.reference_size, seed=cfg.seed,
+            recent_rows=reference_pool_rows(cfg.weights.reference_size), seed=cfg.seed,
         )  # fmt: skip
         # An APS worker whose policy the learner would drop must fetch, or the run stalls: the
         # dropped chunks stop learning, so the divergence that would trigger the fetch never grows.

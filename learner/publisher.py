@@ -15,6 +15,7 @@ from clusterenv.learner.config import WeightSyncConfig
 from clusterenv.learner.replay import ReplayBuffer
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.roles import WeightSource
+from clusterenv.pipeline.sync.source import reference_pool_rows
 
 
 class Publisher:
@@ -44,7 +45,7 @@ class Publisher:
         if self.replay.size >= size:
             due = (self.version + 1) % self.cfg.reference_every == 0
             if self.source.reference is None or due or new_reference:
-                recent = self.replay.recent_obs(10 * size)
+                recent = self.replay.recent_obs(reference_pool_rows(size))
                 pick = self.rng.choice(len(recent), size=size, replace=False)
                 # As the env observes them (dtype and shape): the workers read them so.
                 self.source.publish_reference(recent[pick])
