@@ -112,7 +112,8 @@ class Trainer:
             self.algo.extra_specs,
         )  # fmt: skip
         self.reader_stats, self.accepted_chunks = reader.stats, reader.seen
-        self.ingest = Ingest(reader, self.learner.insert, lag)
+        # A chunk a reader took and never acked is claimed when the dispatcher writes it off.
+        self.ingest = Ingest(reader, self.learner.insert, lag, cfg.dispatch.lost_after_s)
         # --- dispatch and evaluation: tasks sent through Celery ---
         self.celery = celery_client(redis_url, "clusterenv-learner")
 

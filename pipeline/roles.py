@@ -83,6 +83,7 @@ class TransitionReader(Protocol):
 
     def poll(self, sink: Sink, block_ms: int = 100, count: int = 64) -> int: ...
 
-    def claim_stale(self, sink: Sink, min_idle_ms: int = 30_000, count: int = 64) -> int:
-        """Like `poll`, for chunks a reader took but never acknowledged (it died meanwhile)."""
+    def claim_stale(self, sink: Sink, min_idle_ms: int, count: int = 64) -> int:
+        """Like `poll`, for chunks a reader took but never acknowledged for `min_idle_ms` (it died
+        meanwhile); the learner claims them after the dispatcher's write-off time."""
         ...

@@ -176,11 +176,13 @@ class FakeWeightSource:
 
 class FlakyReader:
     """A TransitionReader whose first `failures` polls raise `error`; the next poll hands every
-    chunk in `chunks` (header, arrays) to the sink. Records when each poll came."""
+    chunk in `chunks` (header, arrays) to the sink. Records when each poll came, and the idle
+    time of each claim."""
 
     def __init__(self, failures: int, error: Exception, chunks: list) -> None:
         self.failures, self.error, self.chunks = failures, error, list(chunks)
         self.polls: list[float] = []
+        self.claims: list[int] = []
 
     def poll(self, sink: Any, block_ms: int = 100, count: int = 64) -> int:
         self.polls.append(time.monotonic())
@@ -194,5 +196,6 @@ class FlakyReader:
         time.sleep(block_ms / 1000)
         return rows
 
-    def claim_stale(self, sink: Any, min_idle_ms: int = 30_000, count: int = 64) -> int:
+    def claim_stale(self, sink: Any, min_idle_ms: int, count: int = 64) -> int:
+        self.claims.append(min_idle_ms)
         return 0

@@ -168,7 +168,7 @@ class StreamReader:
             return 0
         return self._take(reply[0][1] if reply else [], sink)
 
-    def claim_stale(self, sink: Sink, min_idle_ms: int = 30_000, count: int = 64) -> int:
+    def claim_stale(self, sink: Sink, min_idle_ms: int, count: int = 64) -> int:
         """Take over entries delivered to some consumer but not acked for `min_idle_ms`
         (a reader that died between read and ack), and ingest them like `poll`."""
         try:
