@@ -114,11 +114,6 @@ def remote_env_replies(session: str) -> str:
     return f"{PREFIX}:renv:{session}:replies"
 
 
-def celery_echo(token: str) -> str:
-    """Reply list of one `clusterenv.echo` task (the Celery round trip the benchmark compares)."""
-    return f"{PREFIX}:echo:{token}"
-
-
 @dataclass(frozen=True)
 class ShardKeys:
     """Keys of one env shard, under `clusterenv:renv:{session}:shard:{shard}:`.
