@@ -34,7 +34,7 @@ from clusterenv.pipeline.cluster.embedded import (
     EmbeddedServer,
     LocalWorkers,
     Stack,
-    _die_with_parent,
+    die_with_parent,
 )
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.connect import connect
@@ -92,7 +92,7 @@ class TunedWorkers(LocalWorkers):
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
 
 

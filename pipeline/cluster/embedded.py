@@ -34,7 +34,7 @@ class WorkersDidNotStart(RuntimeError):
     """Local workers exited or never reported; the message is one line and names the log."""
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """preexec_fn: SIGKILL this child when the process that started it dies.
 
     Only a parent that died without cleaning up (SIGKILL, a crash) sets it off: a clean exit stops
@@ -84,7 +84,7 @@ class LocalWorkers:
             cmd += ["--include", ",".join(self.include)]
         return subprocess.Popen(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=_die_with_parent,
+            start_new_session=True, preexec_fn=die_with_parent,
         )  # fmt: skip
 
     def add(self, n: int = 1) -> None:
@@ -183,7 +183,7 @@ class EmbeddedServer:
             with open(log_path, "ab") as log:
                 self.proc = subprocess.Popen(
                     cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True, preexec_fn=_die_with_parent,
+                    start_new_session=True, preexec_fn=die_with_parent,
                 )  # fmt: skip
             if self._wait_ready(timeout_s):
                 return f"redis://127.0.0.1:{self.port}/0"
