@@ -25,22 +25,26 @@ import numpy as np
 import psutil
 
 from clusterenv.learner.replay.uniform import ReplayBuffer
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.runtime import WorkerRuntime
-from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.cluster.celery_client import celery_client
 from clusterenv.pipeline.cluster.embedded import (
     EmbeddedServer,
     LocalWorkers,
     Stack,
-    _die_with_parent,
+    die_with_parent,
 )
+from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.spaces import DiscreteActions, SpaceSpecs
 from clusterenv.pipeline.sync.source import RedisWeightSource
 
 ENV = "CartPole-v1"
 OBS_SHAPE, NUM_ACTIONS = (4,), 2
+SPACES = SpaceSpecs(ArraySpec("<f4", OBS_SHAPE), DiscreteActions(NUM_ACTIONS))
 # Celery logs this line per task; the runtime covers the task function (run_chunk) only.
 SUCCEEDED = re.compile(rb"Task clusterenv\.collect_chunk\[[^\]]+\] succeeded in ([0-9.eE+-]+)s")
 
@@ -50,7 +54,7 @@ def chunk_template(
 ) -> dict[str, Any]:
     """ChunkRequest fields every chunk of one measurement shares (all but the chunk id)."""
     return {"run_id": run_id, "env_id": ENV, "num_envs": num_envs, "steps": steps,
-            "seed": seed, "epsilon": epsilon, "sync": "on-change"}  # fmt: skip
+            "seed": seed, "behaviour": EpsilonGreedy(epsilon), "sync": "on-change"}  # fmt: skip
 
 
 class TunedWorkers(LocalWorkers):
@@ -88,7 +92,7 @@ class TunedWorkers(LocalWorkers):
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
 
 
@@ -135,12 +139,7 @@ class Rig:
         Tasks of `per_task` chunks each, `in_flight` tasks at a time."""
         keys = RunKeys(f"bench-overhead-{uuid.uuid4().hex[:8]}")
         RedisWeightSource(self.client, keys).publish(weights)
-        reader = StreamReader(
-            connect(self.url, blocking=True),
-            keys,
-            transition_specs(np.float32, OBS_SHAPE),
-            NUM_ACTIONS,
-        )
+        reader = StreamReader(connect(self.url, blocking=True), keys, SPACES)
         replay = ReplayBuffer(100_000, OBS_SHAPE, np.float32)
         arrivals: list[float] = []
 

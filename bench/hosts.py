@@ -1,6 +1,6 @@
 """Bytes become time: sync rules on the network-namespace rig, at two round trips and a capped link.
 
-The rig (tests/netrig.py, root and `ip netns` needed) puts the broker, the learner and each worker
+The rig (bench/netrig.py, root and `ip netns` needed) puts the broker, the learner and each worker
 host in a namespace of its own; the broker is reached through a proxy that delays each direction
 by half the round trip, and `tbf` caps the broker's link. For each network condition and sync
 rule, one `clusterenv train` (in the learner's namespace, `--workers 0`, one celery worker per
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, mark_start, save_figure, table, write_results
+from bench.netrig import NetRig, unavailable
 from clusterenv.pipeline.cluster.embedded import LocalWorkers
-from tests.netrig import NetRig, unavailable
 
 RULES = ["on-change", "interval:1024", "aps:0.01"]
 # name -> (one-way delay in ms, cap on the broker's link in Mbit/s or None)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import redis
 
+from bench.collect_rig import NUM_ACTIONS, OBS_SHAPE, SPACES
 from bench.common import TRAIN, mark_start, median, table, write_results
 from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.pipeline.chunks.stream import StreamReader, check_content, transition_specs
@@ -29,8 +30,7 @@ from clusterenv.pipeline.codec import decode_chunk, encode_chunk
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import ARRAY_FIELD_PREFIX, RunKeys
 
-OBS_SHAPE, NUM_ACTIONS = (4,), 2
-SPECS = transition_specs(np.float32, OBS_SHAPE)
+SPECS = transition_specs(SPACES)
 DTYPES = {ARRAY_FIELD_PREFIX + name.encode(): np.dtype(spec.dtype) for name, spec in SPECS.items()}
 
 
@@ -82,7 +82,7 @@ def prefill(client: redis.Redis, keys: RunKeys, chunks: list[dict[bytes, bytes]]
 
 def full_path(url: str, keys: RunKeys, total: int, rows: int, count: int) -> dict[str, float]:
     """StreamReader.poll into a ReplayBuffer until `total` chunks are in; transitions/s."""
-    reader = StreamReader(connect(url, blocking=True), keys, SPECS, NUM_ACTIONS)
+    reader = StreamReader(connect(url, blocking=True), keys, SPACES)
     replay = ReplayBuffer(100_000, OBS_SHAPE, np.float32)
 
     def sink(header: dict[str, Any], a: dict[str, np.ndarray]) -> None:
@@ -125,7 +125,7 @@ def parts(chunks: list[dict[bytes, bytes]], run_id: str, rows: int) -> dict[str,
         t0 = time.perf_counter()
         header, a = decode_chunk(fields, SPECS)
         t1 = time.perf_counter()
-        check_content(header, a, run_id, NUM_ACTIONS)
+        check_content(header, a, run_id, SPACES.action)
         t2 = time.perf_counter()
         replay.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
         t3 = time.perf_counter()

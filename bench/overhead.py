@@ -21,8 +21,9 @@ import numpy as np
 
 from bench.collect_rig import ENV, NUM_ACTIONS, OBS_SHAPE, one_worker
 from bench.common import mark_start, median, table, write_results
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
-from clusterenv.pipeline.policy import NumpyMLP, epsilon_greedy
+from clusterenv.pipeline.policy import NumpyMLP
 
 TARGET = 0.85
 
@@ -48,10 +49,10 @@ def in_process(
 ) -> dict[str, float]:
     """Env steps/s of Actor.collect in a plain loop: no Celery, no Redis, no codec."""
     actor = Actor(make_vector_env(ENV, {}, num_envs), env_seeds(seed, 0, num_envs))
-    policy, rng = NumpyMLP(weights), np.random.default_rng(seed)
+    policy, rng, behaviour = NumpyMLP(weights), np.random.default_rng(seed), EpsilonGreedy(epsilon)
 
     def act(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        return epsilon_greedy(policy(obs), epsilon, rng), {}
+        return behaviour.act(policy(obs), rng)
 
     try:
         for _ in range(warmup):

@@ -1,7 +1,8 @@
 """Remote vector env: step latency, throughput against a local SyncVectorEnv, slow-env scaling.
 
 One run, one embedded server, `--max-workers` local solo workers:
-  1. a Celery task round trip (send `clusterenv.echo`, BLPOP its reply) — the alternative transport;
+  1. a Celery task round trip (send the bench-only `bench.echo`, BLPOP its reply) — the
+     alternative transport;
   2. CartPole-v1 at 8 and 64 envs per worker on 1 and 2 workers: step() p50/p99 and env steps/s,
      beside a local SyncVectorEnv of the same total size (ratio = remote / local);
   3. a slow CartPole (~1 ms sleep per step, bench.envs) at 8 envs per worker on 1..8 workers:
@@ -29,13 +30,13 @@ import gymnasium as gym
 import numpy as np
 
 from bench.common import table, write_results
+from bench.echo import ECHO_TASK, echo_reply
+from bench.echo import MODULE as ECHO_MODULE
 from bench.envs import SLOW_CARTPOLE
 from clusterenv.pipeline.cluster.celery_client import celery_client
 from clusterenv.pipeline.cluster.embedded import Stack
 from clusterenv.pipeline.connect import connect
-from clusterenv.pipeline.keys import celery_echo
 from clusterenv.pipeline.remote_env import RemoteVectorEnv
-from clusterenv.pipeline.remote_env.messages import ECHO_TASK
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE = "CartPole-v1"
@@ -81,7 +82,7 @@ def remote(url: str, env_id: str, workers: int, per_worker: int, seconds: float)
 
 
 def celery_round_trip(url: str, samples: int) -> dict[str, float]:
-    """send_task -> a worker runs `clusterenv.echo` -> it RPUSHes -> we BLPOP: p50/p99 in ms."""
+    """send_task -> a worker runs `bench.echo` -> it RPUSHes -> we BLPOP: p50/p99 in ms."""
     app, client = celery_client(url), connect(url, blocking=True)
     out = []
     try:
@@ -89,8 +90,8 @@ def celery_round_trip(url: str, samples: int) -> dict[str, float]:
             token = uuid.uuid4().hex
             t0 = time.perf_counter()
             app.send_task(ECHO_TASK, args=[token])
-            if client.blpop([celery_echo(token)], timeout=10) is None:
-                raise TimeoutError("no worker answered clusterenv.echo within 10 s")
+            if client.blpop([echo_reply(token)], timeout=10) is None:
+                raise TimeoutError(f"no worker answered {ECHO_TASK} within 10 s")
             if i >= 10:
                 out.append(time.perf_counter() - t0)
     finally:
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
     )
     counts = sorted({w for w in (1, 2, 4, 8) if w <= args.max_workers} | {args.max_workers})
-    with Stack(None, workers=args.max_workers) as stack:
+    # The workers import bench.echo beside clusterenv.tasks: the round trip's task is bench-only.
+    with Stack(None, workers=args.max_workers, include=[ECHO_MODULE]) as stack:
         url = stack.redis_url
         rtt = celery_round_trip(url, 200)
         print(f"Celery task round trip: p50 {rtt['p50_ms']:.2f} ms, p99 {rtt['p99_ms']:.2f} ms")

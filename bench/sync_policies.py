@@ -42,6 +42,7 @@ from bench.common import (
     write_results,
 )
 from clusterenv.learner.tools.report import first_solve
+from clusterenv.pipeline.behaviour import Categorical, EpsilonGreedy
 from clusterenv.pipeline.sync.rules import Aps, parse_sync
 
 # tv and kl tolerances are paired: with two actions a greedy flip costs (1-ε) in tv and about
@@ -270,7 +271,7 @@ FAMILIES = {  # rule family -> (marker, colour) in the trade-off plot
 
 def family(spec: str, algo: str) -> str:
     """`aps:<divergence>` for APS rules, else the rule's name: what the plot colours by."""
-    rule = parse_sync(spec, policy="categorical" if algo == "ppo" else "epsilon_greedy")
+    rule = parse_sync(spec, kind=Categorical if algo == "ppo" else EpsilonGreedy)
     return f"aps:{rule.divergence}" if isinstance(rule, Aps) else spec.split(":")[0]
 
 

@@ -21,6 +21,7 @@ from tyro.constructors import PrimitiveConstructorSpec
 from clusterenv.learner.core.settings import require_non_negative, require_positive
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.ppo.config import PPOConfig
+from clusterenv.pipeline.behaviour import Behaviour, Categorical, EpsilonGreedy
 from clusterenv.pipeline.chunks.dispatcher import DispatchConfig
 from clusterenv.pipeline.connect import redact
 from clusterenv.pipeline.sync.rules import DEFAULT_SYNC, parse_sync
@@ -213,9 +214,9 @@ class TrainConfig(Generic[AgentConfig]):
         parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds, self.policy_kind)
 
     @property
-    def policy_kind(self) -> str:
-        """How workers act (pipeline/policy.py): ε-greedy on Q for DQN, sampled logits for PPO."""
-        return "categorical" if self.algo == "ppo" else "epsilon_greedy"
+    def policy_kind(self) -> type[Behaviour]:
+        """How workers act (pipeline/behaviour.py): ε-greedy on Q for DQN, sampled logits for PPO."""
+        return Categorical if self.algo == "ppo" else EpsilonGreedy
 
     def settings(self) -> dict[str, tuple[Any, str]]:
         """Every setting by its flat name (its flag without dashes; names are unique across the

@@ -41,9 +41,11 @@ class ArraySpec:
     row_shape: tuple[int, ...]
 
 
-def _dtype_str(array: np.ndarray) -> str:
-    dt = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
-    return dt.str
+def wire_dtype(dtype: Any) -> str:
+    """The dtype string values of `dtype` travel as: its little-endian form (which ALLOWED_DTYPES
+    may still refuse)."""
+    dt = np.dtype(dtype)
+    return (dt.newbyteorder("<") if dt.byteorder == ">" else dt).str
 
 
 def encode_chunk(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> dict[bytes, bytes]:
@@ -52,7 +54,7 @@ def encode_chunk(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) ->
     described: dict[str, dict[str, Any]] = {}
     for name, array in arrays.items():
         a = np.ascontiguousarray(array)
-        dtype = _dtype_str(a)
+        dtype = wire_dtype(a.dtype)
         if dtype not in ALLOWED_DTYPES:
             raise CodecError(f"array {name!r}: dtype {a.dtype} cannot travel")
         described[name] = {"dtype": dtype, "shape": list(a.shape)}
@@ -195,7 +197,10 @@ def encode_tree(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
 
     Values that are neither JSON, numpy nor dict/list/tuple travel as their repr() string.
     """
-    if isinstance(obj, np.ndarray | np.generic) and _dtype_str(np.asarray(obj)) in ALLOWED_DTYPES:
+    if (
+        isinstance(obj, np.ndarray | np.generic)
+        and wire_dtype(np.asarray(obj).dtype) in ALLOWED_DTYPES
+    ):
         name = f"t{len(arrays)}"
         arrays[name] = a = np.asarray(obj)
         # The shape rides in the tree too: the chunk encoder turns 0-d arrays into shape (1,).

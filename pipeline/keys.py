@@ -18,8 +18,8 @@ EVAL_QUEUE = f"{PREFIX}:eval"
 # Each run's learner status (`clusterenv status` finds them all).
 RUN_STATUS_PATTERN = f"{PREFIX}:run:*:status"
 
-# Once a run ends its keys (stream, counters, marker, stop flag, status) expire after this: late
-# chunks still see `stop` and return at once, `clusterenv status` still shows how the run ended.
+# How long a run's keys outlive it (its stop key and stream, its status, evaluation results
+# nobody read): late chunks still see `stop`, `clusterenv status` still shows the end state.
 RUN_KEYS_TTL_S = 3600
 
 # Stream entry fields: a JSON header plus one raw-bytes field per array.
@@ -112,11 +112,6 @@ def remote_env_client(session: str) -> str:
 def remote_env_replies(session: str) -> str:
     """The one list all shards of a remote vector env RPUSH their replies to (client BLMPOPs it)."""
     return f"{PREFIX}:renv:{session}:replies"
-
-
-def celery_echo(token: str) -> str:
-    """Reply list of one `clusterenv.echo` task (the Celery round trip the benchmark compares)."""
-    return f"{PREFIX}:echo:{token}"
 
 
 @dataclass(frozen=True)

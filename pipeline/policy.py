@@ -4,7 +4,7 @@ Workers act with numpy rather than torch: for CartPole-sized nets it is faster p
 torch out of the worker's hot loop. Weight names follow `layers.{i}.weight` / `layers.{i}.bias`,
 as `clusterenv.learner.dqn.QNetwork.get_weights` writes them (for PPO, of its policy network).
 The outputs are Q-values (DQN: act ε-greedily) or logits (PPO: sample the categorical policy);
-evaluation is greedy (argmax) either way.
+which one a chunk uses is its behaviour value (pipeline/behaviour.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from collections.abc import Mapping
 import numpy as np
 
 from clusterenv.pipeline.codec import decode_weights
-
-# How a worker turns the network's outputs into actions; named in every ChunkRequest.
-POLICY_KINDS: tuple[str, ...] = ("epsilon_greedy", "categorical")
 
 
 class NumpyMLP:

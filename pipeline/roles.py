@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from clusterenv.pipeline.behaviour import Behaviour
 from clusterenv.pipeline.policy import NumpyMLP
 
 if TYPE_CHECKING:  # stream.py imports `Sink` from here
@@ -49,13 +50,15 @@ class SyncState(Protocol):
 
     def seconds_since_fetch(self) -> float: ...
 
-    def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None: ...
+    def divergence_to(self, version: int, behaviour: Behaviour, measure: str) -> float | None:
+        """Divergence `measure` of how `behaviour` acts with the held policy and with `version`."""
+        ...
 
 
 class SyncRule(Protocol):
     """Decides, once per chunk, whether a client fetches the weights of version `latest`."""
 
-    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool: ...
+    def should_fetch(self, client: SyncState, latest: int, behaviour: Behaviour) -> bool: ...
 
 
 class WeightClient(SyncState, Protocol):
@@ -64,8 +67,9 @@ class WeightClient(SyncState, Protocol):
     last_divergence: float | None
     run_stopped: bool
 
-    def sync(self, epsilon: float) -> NumpyMLP | None:
-        """The policy for the next chunk; None once the run has stopped (`run_stopped`)."""
+    def sync(self, behaviour: Behaviour) -> NumpyMLP | None:
+        """The policy for the next chunk, to act with as `behaviour` says; None once the run has
+        stopped (`run_stopped`)."""
         ...
 
     def record_steps(self, env_steps: int) -> None: ...
@@ -88,8 +92,9 @@ class TransitionReader(Protocol):
 
     def poll(self, sink: Sink, block_ms: int = 100, count: int = 64) -> int: ...
 
-    def claim_stale(self, sink: Sink, min_idle_ms: int = 30_000, count: int = 64) -> int:
-        """Like `poll`, for chunks a reader took but never acknowledged (it died meanwhile)."""
+    def claim_stale(self, sink: Sink, min_idle_ms: int, count: int = 64) -> int:
+        """Like `poll`, for chunks a reader took but never acknowledged for `min_idle_ms` (it died
+        meanwhile); the learner claims them after the dispatcher's write-off time."""
         ...
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import types
 import typing
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import Any, Self
 
 
@@ -57,14 +58,19 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 class TaskArgs:
-    """Base of dataclass task arguments: `to_json` out; `from_json` checks names and types, then `check`s."""
+    """Base of dataclass task arguments: `to_json` out; `from_json` checks names and types, then
+    `check`s. A field may itself be TaskArgs (a nested JSON object, e.g. ChunkRequest.behaviour):
+    it is written with its own `to_json` and read with its own `from_json`."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)  # type: ignore[call-overload]
+        return {f.name: _json_of(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
 
     @classmethod
-    def from_json(cls, data: Any) -> Self:
-        name = cls.__name__
+    def from_json(cls, data: Any, name: str | None = None) -> Self:
+        """The arguments in `data`; TaskArgsError naming the first field that does not fit.
+        `name` is what messages call them: the class's name, or a nested value's field path."""
+        nested = name is not None
+        name = name or cls.__name__
         if not isinstance(data, dict):
             raise TaskArgsError(f"{name}: expected a JSON object, got {_type_name(data)}")
         known = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
@@ -72,20 +78,36 @@ class TaskArgs:
         if unknown:
             raise TaskArgsError(f"unknown {name} fields: {', '.join(sorted(unknown))}")
         hints = _hints(cls)
+        values = {}
         for key, value in data.items():
-            if not _fits(value, hints[key]):
+            hint = hints[key]
+            if isinstance(hint, type) and issubclass(hint, TaskArgs):
+                values[key] = hint.from_json(value, f"{name}.{key}")
+            elif _fits(value, hint):
+                values[key] = value
+            else:
                 raise TaskArgsError(
-                    f"{name}.{key} must be {_describe(hints[key])}, got {_type_name(value)} {value!r}"
+                    f"{name}.{key} must be {_describe(hint)}, got {_type_name(value)} {value!r}"
                 )
         try:
-            args = cls(**data)
+            args = cls(**values)
         except TypeError as exc:  # a required field is missing
             raise TaskArgsError(f"{name}: {exc}") from None
-        args.check()
+        try:
+            args.check()
+        except TaskArgsError as exc:
+            if not nested:
+                raise
+            raise TaskArgsError(f"{name}: {exc}") from None
         return args
 
     def check(self) -> None:
         """Raise TaskArgsError naming what is wrong with these (well-typed) arguments."""
+
+
+def _json_of(value: Any) -> Any:
+    """A field's JSON form: nested arguments by their own `to_json`, anything else a deep copy."""
+    return value.to_json() if isinstance(value, TaskArgs) else copy.deepcopy(value)
 
 
 def _describe(hint: Any) -> str:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from clusterenv.pipeline.connect import connect
-from clusterenv.pipeline.keys import celery_echo
-from clusterenv.pipeline.remote_env.messages import ECHO_TASK, HOST_SHARD_TASK, ShardSpec
+from clusterenv.pipeline.remote_env.messages import HOST_SHARD_TASK, ShardSpec
 from clusterenv.pipeline.remote_env.shard import Shard
 from clusterenv.tasks.app import app
 
@@ -20,15 +19,3 @@ def host_shard(self, **spec: Any) -> dict[str, Any]:
     shard_spec = ShardSpec.from_json(spec)
     worker = self.request.hostname or "worker"
     return Shard(connect(app.conf.broker_url, blocking=True), shard_spec, worker).serve()
-
-
-_echo_client = None
-
-
-@app.task(name=ECHO_TASK, acks_late=False)
-def echo(token: str) -> None:
-    """Push `token` back: the plain Celery round trip that bench/remote_env.py compares with."""
-    global _echo_client
-    if _echo_client is None:
-        _echo_client = connect(app.conf.broker_url)
-    _echo_client.rpush(celery_echo(token), token)

@@ -13,11 +13,13 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from clusterenv.pipeline.codec import encode_chunk
+from clusterenv.pipeline.codec import ArraySpec, encode_chunk
 from clusterenv.pipeline.keys import ARRAY_FIELD_PREFIX, FIELD_HEADER
+from clusterenv.pipeline.spaces import DiscreteActions, SpaceSpecs
 
 OBS_SHAPE = (4,)
 NUM_ACTIONS = 2
+SPACES = SpaceSpecs(ArraySpec("<f4", OBS_SHAPE), DiscreteActions(NUM_ACTIONS))
 # Every obs value of an entry that must be rejected; a replay row holding it came from one.
 POISON = np.float32(-1234.5)
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from bench.netrig import NetRig
+from bench.netrig import unavailable as netrig_unavailable
 from clusterenv.pipeline.cluster.celery_client import celery_client
 from clusterenv.pipeline.cluster.embedded import EmbeddedServer, LocalWorkers
 from clusterenv.pipeline.connect import connect
-from tests.netrig import NetRig
-from tests.netrig import unavailable as netrig_unavailable
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +67,7 @@ def celery_app(redis_url: str):
 
 @pytest.fixture
 def net_rig(tmp_path: Path) -> Iterator[Callable[..., NetRig]]:
-    """`net_rig(workers=2, one_way_ms=0.0)` builds a NetRig (tests/netrig.py); every rig built
+    """`net_rig(workers=2, one_way_ms=0.0)` builds a NetRig (bench/netrig.py); every rig built
     is torn down after the test, whatever happened, and must have left nothing running."""
     reason = netrig_unavailable()
     if reason:

@@ -20,13 +20,18 @@ from typing import Any
 import numpy as np
 import redis
 
+from clusterenv.pipeline.behaviour import Behaviour
 from clusterenv.pipeline.chunks.stream import IngestStats
+from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.roles import Sink
+from clusterenv.pipeline.spaces import DiscreteActions, SpaceSpecs
 
 # Reference states and a small CartPole-shaped net, shared by the sync tests.
 REF = np.random.default_rng(1).normal(size=(64, 4)).astype(np.float32)
+# CartPole's observation and action as chunks carry them (what REF and `net` fit).
+CARTPOLE = SpaceSpecs(ArraySpec("<f4", (4,)), DiscreteActions(2))
 
 
 def net(seed: int) -> dict[str, np.ndarray]:
@@ -89,13 +94,13 @@ class FakeSyncState:
     own_version_stored: bool = True
     seconds: float = 0.0
     divergence: float | None = 0.0
-    asked: list[tuple[int, float, str]] = field(default_factory=list)
+    asked: list[tuple[int, Behaviour, str]] = field(default_factory=list)
 
     def seconds_since_fetch(self) -> float:
         return self.seconds
 
-    def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None:
-        self.asked.append((version, epsilon, measure))
+    def divergence_to(self, version: int, behaviour: Behaviour, measure: str) -> float | None:
+        self.asked.append((version, behaviour, measure))
         return self.divergence
 
 
@@ -115,11 +120,11 @@ class FakeWeightClient:
         self.run_stopped = False
         self.last_divergence: float | None = None
         self._divergence = divergence
-        self.syncs: list[float] = []  # the epsilon of each sync call
+        self.syncs: list[Behaviour] = []  # the behaviour of each sync call
         self.counters = {"version_checks": 0, "weight_fetches": 0, "weight_bytes": 0}
 
-    def sync(self, epsilon: float) -> NumpyMLP:
-        self.syncs.append(epsilon)
+    def sync(self, behaviour: Behaviour) -> NumpyMLP:
+        self.syncs.append(behaviour)
         self.counters["version_checks"] += 1
         self.last_divergence = self._divergence
         return self.policy
@@ -133,7 +138,7 @@ class FakeWeightClient:
     def seconds_since_fetch(self) -> float:
         return 0.0
 
-    def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None:
+    def divergence_to(self, version: int, behaviour: Behaviour, measure: str) -> float | None:
         return self._divergence
 
 
@@ -186,13 +191,15 @@ class FakeWeightSource:
 
 class FlakyReader:
     """A TransitionReader whose first `failures` polls raise `error`; the next poll hands every
-    chunk in `chunks` (header, arrays) to the sink. Records when each poll came."""
+    chunk in `chunks` (header, arrays) to the sink. Records when each poll came, and the idle
+    time of each claim."""
 
     def __init__(self, failures: int, error: Exception, chunks: list) -> None:
         self.failures, self.error, self.chunks = failures, error, list(chunks)
         self.polls: list[float] = []
         self.stats = IngestStats()  # never counted: the tests of it look at the sink
         self.seen: set[int] = set()
+        self.claims: list[int] = []
 
     def poll(self, sink: Any, block_ms: int = 100, count: int = 64) -> int:
         self.polls.append(time.monotonic())
@@ -206,7 +213,8 @@ class FlakyReader:
         time.sleep(block_ms / 1000)
         return rows
 
-    def claim_stale(self, sink: Any, min_idle_ms: int = 30_000, count: int = 64) -> int:
+    def claim_stale(self, sink: Any, min_idle_ms: int, count: int = 64) -> int:
+        self.claims.append(min_idle_ms)
         return 0
 
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from clusterenv.learner.replay.rate_limiter import RateLimiter
+from clusterenv.pipeline.behaviour import Behaviour
 from clusterenv.pipeline.codec import ArraySpec
 
 # A component's checkpointable state: arrays (stored as tensors) and JSON-able values.
@@ -61,8 +62,9 @@ class Agent:
 
     learner: Learner
     limiter: RateLimiter  # dispatch asks it whether collection may run further ahead
-    policy: str  # how workers act (pipeline/policy.py), sent in every ChunkRequest
     publish_every: int  # learner updates between published versions
-    epsilon: Callable[[int], float]  # the exploration ε of chunks dispatched at an env-step count
+    # How workers act on chunks dispatched at an env-step count (pipeline/behaviour.py: ε-greedy
+    # with its ε, categorical), sent in every ChunkRequest.
+    behaviour: Callable[[int], Behaviour]
     max_lag_versions: int  # the APS version guard the workers are sent (0: none)
     extra_specs: dict[str, ArraySpec] = field(default_factory=dict)  # arrays beyond transitions

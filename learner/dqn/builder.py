@@ -11,6 +11,7 @@ from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.dqn.learning import DQNLearner
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 
 
 def build_dqn(
@@ -34,5 +35,5 @@ def build_dqn(
         int(np.prod(obs_space.shape)), int(act_space.n), d, replay, limiter, cfg.seed,
         total_steps=cfg.total_steps, save_replay=cfg.checkpoint.checkpoint_replay,
     )  # fmt: skip
-    return Agent(learner, limiter, "epsilon_greedy", d.publish_every, d.epsilon,
+    return Agent(learner, limiter, d.publish_every, lambda steps: EpsilonGreedy(d.epsilon(steps)),
                  cfg.weights.max_lag_versions)  # fmt: skip

@@ -12,6 +12,7 @@ from clusterenv.learner.core.agent import Agent
 from clusterenv.learner.ppo.config import PPOConfig
 from clusterenv.learner.ppo.learning import PPOLearner
 from clusterenv.learner.replay.rate_limiter import RateLimiter
+from clusterenv.pipeline.behaviour import Categorical
 from clusterenv.pipeline.codec import ArraySpec
 
 
@@ -41,5 +42,5 @@ def build_ppo(
         half = max(1, p.max_policy_lag // 2)
         guard = min(guard, half) if guard else half
     # Every PPO update is a version: lag in versions is lag in policy updates.
-    return Agent(learner, limiter, "categorical", 1, lambda steps: 0.0, guard,
+    return Agent(learner, limiter, 1, lambda steps: Categorical(), guard,
                  {"logp": ArraySpec("<f4", ())})  # fmt: skip

@@ -3,7 +3,8 @@
 The learner's `insert` stores a chunk (DQN: into replay; PPO: onto its queue of chunks).
 Inserting from its own thread keeps the stream read and the copy off the gradient step's
 path; the main thread learns of each accepted chunk (for dispatch and accounting) by an Arrival.
-Every `claim_every_s` the thread also takes over chunks that a reader took but never acked.
+Every `claim_every_s` the thread also takes over chunks that a reader took but never acked for
+`stale_after_s`: the dispatcher's write-off time (--lost-after-s), given by the trainer.
 A failed read is retried with backoff (`retries` times in a row, doubling from `backoff_s` up to
 `backoff_cap_s`: about 12 s); a connection the Redis client's own retries could not restore
 (about 30 s of them) is not retried again. Then the thread ends and keeps the error in `error`,
@@ -40,20 +41,22 @@ class Arrival:
 
 class Ingest:
     """Polls `reader` from a daemon thread into `store` (the learner's `insert`: a chunk's header
-    and arrays in, its rows stored out); `lag_of(version)` gives (versions, updates) behind."""
+    and arrays in, its rows stored out); `lag_of(version)` gives (versions, updates) behind;
+    chunks a reader took and never acked are claimed once `stale_after_s` idle."""
 
     def __init__(
         self,
         reader: TransitionReader,
         store: Callable[[dict[str, Any], dict[str, np.ndarray]], int],
         lag_of: Callable[[int], tuple[int, int]],
+        stale_after_s: float,
         claim_every_s: float = 10.0,
         retries: int = 6,
         backoff_s: float = 0.25,
         backoff_cap_s: float = 4.0,
     ):
         self.reader, self.store, self.lag_of = reader, store, lag_of
-        self.claim_every_s = claim_every_s
+        self.stale_after_s, self.claim_every_s = stale_after_s, claim_every_s
         self.retries, self.backoff_s, self.backoff_cap_s = retries, backoff_s, backoff_cap_s
         self.retried = 0  # failed reads that were retried, over the whole run
         self.cpu_s = 0.0
@@ -73,7 +76,7 @@ class Ingest:
             try:
                 self.reader.poll(self._sink, block_ms=50)
                 if time.monotonic() - claimed_at > self.claim_every_s:
-                    self.reader.claim_stale(self._sink)
+                    self.reader.claim_stale(self._sink, round(self.stale_after_s * 1000))
                     claimed_at = time.monotonic()
                 failures = 0
             except Exception as exc:

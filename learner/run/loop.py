@@ -97,7 +97,7 @@ class Run(RunParts):
             self.accounting.record(arrival)
         pending = self.dispatcher.pending_env_steps
         self.dispatcher.top_up(
-            self.agent.epsilon(self.accounting.env_steps + pending), self._may_send
+            self.agent.behaviour(self.accounting.env_steps + pending), self._may_send
         )
 
     def _may_send(self, pending: int) -> bool:

@@ -17,14 +17,13 @@ import numpy as np
 from clusterenv.learner.config import WeightSyncConfig
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.roles import WeightSource
-
-# Reference states are drawn from this many times `reference_size` of the newest observations.
-REFERENCE_POOL_FACTOR = 10
+from clusterenv.pipeline.sync.source import reference_pool_rows
 
 
 class ReferencePool:
     """A ring of the newest observations of accepted chunks (the ingest thread adds them), from
-    which reference states are drawn, whatever the agent keeps (DQN's replay, PPO's queue)."""
+    which reference states are drawn, whatever the agent keeps (DQN's replay, PPO's queue); its
+    capacity is `reference_pool_rows(--reference-size)`."""
 
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype):
         self.capacity = capacity
@@ -73,9 +72,10 @@ class Publisher:
         if self.pool.size >= size:
             due = (self.version + 1) % self.cfg.reference_every == 0
             if self.source.reference is None or due or new_reference:
-                recent = self.pool.recent(REFERENCE_POOL_FACTOR * size)
+                recent = self.pool.recent(reference_pool_rows(size))
                 pick = self.rng.choice(len(recent), size=size, replace=False)
-                self.source.publish_reference(recent[pick].reshape(size, -1).astype(np.float32))
+                # As the env observes them (dtype and shape): the workers read them so.
+                self.source.publish_reference(recent[pick])
             probe = NumpyMLP(weights)(self.source.reference)
         self.updates_at_version[self.version + 1] = updates  # before any chunk can carry it
         self.on_version(self.version + 1)

@@ -23,11 +23,11 @@ from clusterenv.learner.persistence.resume import record_version
 from clusterenv.learner.run.accounting import RunAccounting
 from clusterenv.learner.run.evaluation import EvalSchedule, RemoteEvaluation
 from clusterenv.learner.run.ingest import Ingest
-from clusterenv.learner.run.publisher import REFERENCE_POOL_FACTOR, Publisher, ReferencePool
+from clusterenv.learner.run.publisher import Publisher, ReferencePool
 from clusterenv.learner.run.records import RunRecords
 from clusterenv.learner.run.status import RunStatus
 from clusterenv.pipeline.chunks.dispatcher import Dispatcher
-from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.cluster.celery_client import celery_client
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.cluster.run_flags import RedisRunFlags
@@ -45,7 +45,8 @@ from clusterenv.pipeline.roles import (
     WeightSource,
     WorkerDirectory,
 )
-from clusterenv.pipeline.sync.source import RedisWeightSource
+from clusterenv.pipeline.spaces import SpaceSpecs
+from clusterenv.pipeline.sync.source import RedisWeightSource, reference_pool_rows
 
 
 @dataclass
@@ -63,14 +64,14 @@ class Broker:
     close: Callable[[], None] = lambda: None
 
 
-# Given the arrays every chunk must carry and the action count, the run's broker.
-BrokerFactory = Callable[[Mapping[str, ArraySpec], int], Broker]
+# Given the env's spaces on the wire and the arrays the agent adds to every chunk, the run's broker.
+BrokerFactory = Callable[[SpaceSpecs, Mapping[str, ArraySpec]], Broker]
 
 
 def redis_broker(url: str, run_id: str, weights: WeightSyncConfig) -> BrokerFactory:
     """The run's broker on the Redis at `url` (tasks through Celery on the same broker)."""
 
-    def make(specs: Mapping[str, ArraySpec], num_actions: int) -> Broker:
+    def make(spaces: SpaceSpecs, extra: Mapping[str, ArraySpec]) -> Broker:
         client, keys = connect(url), RunKeys(run_id)
         celery = celery_client(url, "clusterenv-learner")
 
@@ -81,7 +82,7 @@ def redis_broker(url: str, run_id: str, weights: WeightSyncConfig) -> BrokerFact
             weights=RedisWeightSource(client, keys, ttl_s=weights.weight_ttl_s,
                                       keep=weights.weights_kept),
             # Its own connection: the reader blocks on the stream.
-            transitions=StreamReader(connect(url, blocking=True), keys, specs, num_actions),
+            transitions=StreamReader(connect(url, blocking=True), keys, spaces, extra),
             send=send,
             workers=WorkerRegistry(client),
             evals=RedisEvalResults(client, keys),
@@ -139,11 +140,10 @@ def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str
         return late["publisher"].lag(version, agent.learner.updates)
 
     agent = build_agent(cfg, obs_space, act_space, lambda v: lag(v)[0])
-    specs = transition_specs(obs_space.dtype, obs_space.shape, agent.extra_specs)
-    broker = broker_for(specs, int(act_space.n))
+    broker = broker_for(SpaceSpecs.of(obs_space, act_space), agent.extra_specs)
     # --- weights out, transitions in ---
     w = cfg.weights
-    pool = ReferencePool(REFERENCE_POOL_FACTOR * w.reference_size, obs_space.shape, obs_space.dtype)
+    pool = ReferencePool(reference_pool_rows(w.reference_size), obs_space.shape, obs_space.dtype)
     late["publisher"] = publisher = Publisher(
         broker.weights, pool, w, np.random.default_rng([cfg.seed, 1]),
         lambda version: record_version(run_dir, version),
@@ -154,13 +154,14 @@ def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str
         pool.add(arrays["obs"])
         return agent.learner.insert(header, arrays)
 
-    ingest = Ingest(broker.transitions, store, lag)
+    # A chunk a reader took and never acked is claimed when the dispatcher writes it off.
+    ingest = Ingest(broker.transitions, store, lag, cfg.dispatch.lost_after_s)
     # --- dispatch and evaluation: tasks sent to the workers ---
     template = {
         "run_id": run_id, "env_id": cfg.env, "env_kwargs": cfg.env_kwargs,
         "num_envs": cfg.collection.envs_per_worker, "steps": cfg.collection.chunk_steps,
         "seed": cfg.seed, "sync": w.sync, "max_lag_versions": agent.max_lag_versions,
-        "max_lag_seconds": w.max_lag_seconds, "policy": agent.policy,
+        "max_lag_seconds": w.max_lag_seconds,
     }  # fmt: skip
     dispatcher = Dispatcher(broker.send, broker.workers.alive_processes, template,
                             cfg.collection.chunk_env_steps, cfg.dispatch)  # fmt: skip

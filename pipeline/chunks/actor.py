@@ -16,6 +16,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from clusterenv.pipeline.spaces import SpaceSpecs
+
 # An action function: actions for a batch of observations, and per-step arrays to keep with them
 # (the behaviour log-probs of a sampled policy; nothing for ε-greedy).
 Act = Callable[[np.ndarray], tuple[np.ndarray, dict[str, np.ndarray]]]
@@ -55,21 +57,23 @@ class Chunk:
 
 
 class Actor:
-    """Steps a vector env with a given action function; episodes continue across chunks."""
+    """Steps a vector env with a given action function; episodes continue across chunks. Its
+    buffers hold observations and actions as the env's spaces say (`spaces`)."""
 
     def __init__(self, envs: gym.vector.VectorEnv, seeds: list[int]):
         self.envs = envs
         self.num_envs = envs.num_envs
+        self.spaces = SpaceSpecs.of(envs.single_observation_space, envs.single_action_space)
         self.obs, _ = envs.reset(seed=seeds)
         self._autoreset = np.zeros(self.num_envs, dtype=bool)
         self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self._ep_length = np.zeros(self.num_envs, dtype=np.int64)
 
     def collect(self, act: Act, steps: int) -> Chunk:
-        n = self.num_envs
-        obs_buf = np.empty((steps, *self.obs.shape), dtype=self.obs.dtype)
+        n, obs_spec, act_spec = self.num_envs, self.spaces.obs, self.spaces.action.array
+        obs_buf = np.empty((steps, n, *obs_spec.row_shape), dtype=obs_spec.dtype)
         next_buf = np.empty_like(obs_buf)
-        act_buf = np.empty((steps, n), dtype=np.int64)
+        act_buf = np.empty((steps, n, *act_spec.row_shape), dtype=act_spec.dtype)
         rew_buf = np.empty((steps, n), dtype=np.float32)
         term_buf = np.empty((steps, n), dtype=bool)
         trunc_buf = np.empty((steps, n), dtype=bool)
@@ -101,7 +105,7 @@ class Actor:
         flat = valid.reshape(-1)
         arrays = {
             "obs": obs_buf.reshape(steps * n, *obs_buf.shape[2:])[flat],
-            "action": act_buf.reshape(-1)[flat],
+            "action": act_buf.reshape(steps * n, *act_spec.row_shape)[flat],
             "reward": rew_buf.reshape(-1)[flat],
             "next_obs": next_buf.reshape(steps * n, *next_buf.shape[2:])[flat],
             "terminated": term_buf.reshape(-1)[flat],

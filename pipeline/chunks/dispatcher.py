@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from clusterenv.pipeline.behaviour import Behaviour
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.roles import SendTask
 
@@ -33,7 +34,8 @@ class DispatchConfig:
 
 
 class Dispatcher:
-    """Sends ChunkRequests built from `template` (all fields but chunk id and ε) through `send`."""
+    """Sends ChunkRequests built from `template` (all fields but chunk ids and behaviour) through
+    `send`."""
 
     def __init__(
         self,
@@ -70,9 +72,9 @@ class Dispatcher:
         """Env steps one task collects."""
         return self.config.chunks_per_task * self.chunk_env_steps
 
-    def top_up(self, epsilon: float, may_send: Callable[[int], bool]) -> int:
-        """Send tasks until each live process has its share or `may_send(pending)` says stop;
-        returns the chunks sent."""
+    def top_up(self, behaviour: Behaviour, may_send: Callable[[int], bool]) -> int:
+        """Send tasks, whose workers act as `behaviour` says, until each live process has its
+        share or `may_send(pending)` says stop; returns the chunks sent."""
         now = self.clock()
         for chunk_id, sent in list(self.in_flight.items()):
             if now - sent > self.config.lost_after_s:
@@ -83,7 +85,7 @@ class Dispatcher:
         sent = 0
         while len(self.in_flight) + per_task <= target and may_send(self.pending_env_steps):
             req = ChunkRequest(
-                chunk_id=self.next_id, chunks=per_task, epsilon=round(epsilon, 6), **self.template
+                chunk_id=self.next_id, chunks=per_task, behaviour=behaviour, **self.template
             )
             self.send(COLLECT_CHUNK_TASK, req.to_json())
             for chunk_id in range(self.next_id, self.next_id + per_task):

@@ -9,12 +9,11 @@ from typing import Any
 import numpy as np
 import redis
 
-from clusterenv.pipeline.chunks.actor import Act, Actor, env_seeds, make_vector_env
+from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.chunks.stream import StreamWriter
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.outbox import Outbox
-from clusterenv.pipeline.policy import NumpyMLP, epsilon_greedy, sample_categorical
 from clusterenv.pipeline.roles import TransitionWriter, WeightClient
 from clusterenv.pipeline.sync.client import RedisWeightClient
 from clusterenv.pipeline.sync.rules import parse_sync
@@ -85,10 +84,12 @@ class WorkerRuntime:
         keys = RunKeys(req.run_id)
         index = int(self.client.incr(keys.actor_counter)) - 1
         seeds = env_seeds(req.seed, index, req.num_envs)
-        rule = parse_sync(req.sync, req.max_lag_versions, req.max_lag_seconds, req.policy)
+        rule = parse_sync(req.sync, req.max_lag_versions, req.max_lag_seconds, type(req.behaviour))
+        actor = Actor(make_vector_env(req.env_id, req.env_kwargs, req.num_envs), seeds)
         return RunState(
-            actor=Actor(make_vector_env(req.env_id, req.env_kwargs, req.num_envs), seeds),
-            weights=RedisWeightClient(self.client, keys, rule, req.policy, self.outbox),
+            actor=actor,
+            # Reference states are read as the env's own observations (dtype and shape).
+            weights=RedisWeightClient(self.client, keys, rule, actor.spaces.obs, self.outbox),
             writer=StreamWriter(self.client, keys, self.outbox),
             actor_index=index,
             rng=np.random.default_rng(seeds[0]),
@@ -120,11 +121,17 @@ def collect_chunk(
     state: RunState, req: ChunkRequest, chunk_id: int, worker_name: str
 ) -> dict[str, Any] | None:
     """One chunk with a run's live state: sync check (which also sees a stopped run: None),
-    act as the request's policy kind says, write; its summary."""
-    policy = state.weights.sync(req.epsilon)
+    act as the request's behaviour says, write; its summary."""
+    policy = state.weights.sync(req.behaviour)
     if policy is None:
         return None
-    chunk = state.actor.collect(action_function(req, policy, state.rng), req.steps)
+    to_env = state.actor.spaces.action.from_index
+
+    def act(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        index, extra = req.behaviour.act(policy(obs), state.rng)
+        return to_env(index), extra
+
+    chunk = state.actor.collect(act, req.steps)
     state.weights.record_steps(chunk.env_steps)
     counters = state.weights.counters_json()
     header = {
@@ -149,19 +156,6 @@ def collect_chunk(
         "bytes": nbytes,
         **counters,
     }
-
-
-def action_function(req: ChunkRequest, policy: NumpyMLP, rng: np.random.Generator) -> Act:
-    """ε-greedy on Q-values, or a draw from the categorical policy of the logits together with
-    its behaviour log-prob (`logp`, which PPO's ratio needs)."""
-    if req.policy == "categorical":
-
-        def sample(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-            actions, logp = sample_categorical(policy(obs), rng)
-            return actions, {"logp": logp}
-
-        return sample
-    return lambda obs: (epsilon_greedy(policy(obs), req.epsilon, rng), {})
 
 
 _SUMMED = ("steps", "transitions", "episodes_finished", "bytes")

@@ -1,6 +1,6 @@
 """Transition chunks over a Redis Stream: workers write, the learner reads with a consumer group.
 
-The reader validates every entry (codec, run id, value ranges), drops chunk ids it has already
+The reader validates every entry (codec, run id, actions against the env's action space), drops chunk ids it has already
 ingested (a task Celery requeued or redelivered, or a write retried after a lost reply, brings
 a chunk twice), hands good chunks to a sink, and only then acks and deletes them, so a chunk is
 never lost between the stream and replay.
@@ -21,6 +21,7 @@ from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk, encod
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.outbox import Outbox
 from clusterenv.pipeline.roles import Sink
+from clusterenv.pipeline.spaces import ActionSpec, SpaceSpecs
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +43,15 @@ class StreamWriter:
 
 
 def transition_specs(
-    obs_dtype: np.dtype, obs_shape: tuple[int, ...], extra: Mapping[str, ArraySpec] | None = None
+    spaces: SpaceSpecs, extra: Mapping[str, ArraySpec] | None = None
 ) -> dict[str, ArraySpec]:
-    """The arrays every chunk must carry, with their dtypes and per-row shapes, and the ones the
-    learner's algorithm adds (`extra`: PPO's behaviour log-probs)."""
-    obs = ArraySpec(np.dtype(obs_dtype).newbyteorder("<").str, tuple(obs_shape))
+    """The arrays every chunk of an env with these `spaces` must carry, with their dtypes and
+    per-row shapes, and the ones the learner's algorithm adds (`extra`: PPO's behaviour log-probs)."""
     return {
-        "obs": obs,
-        "action": ArraySpec("<i8", ()),
+        "obs": spaces.obs,
+        "action": spaces.action.array,
         "reward": ArraySpec("<f4", ()),
-        "next_obs": obs,
+        "next_obs": spaces.obs,
         "terminated": ArraySpec("|b1", ()),
         "truncated": ArraySpec("|b1", ()),
         "env_index": ArraySpec("<i4", ()),
@@ -70,7 +70,7 @@ class IngestStats:
 
 
 def check_content(
-    header: dict[str, Any], arrays: dict[str, np.ndarray], run_id: str, num_actions: int
+    header: dict[str, Any], arrays: dict[str, np.ndarray], run_id: str, action: ActionSpec
 ) -> None:
     """Semantic checks beyond the codec; raises CodecError naming the first problem."""
     if header.get("run") != run_id:
@@ -81,9 +81,9 @@ def check_content(
     if not isinstance(header.get("worker"), str):
         raise CodecError("header field 'worker' must be a string")
     _check_worker_report(header)
-    action = arrays["action"]
-    if action.size and (action.min() < 0 or action.max() >= num_actions):
-        raise CodecError(f"action outside [0, {num_actions})")
+    problem = action.problem(arrays["action"])
+    if problem is not None:
+        raise CodecError(problem)
     for name, a in arrays.items():
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise CodecError(f"array {name!r} has non-finite values")
@@ -115,18 +115,20 @@ def _check_worker_report(header: dict[str, Any]) -> None:
 
 
 class StreamReader:
-    """Learner side: consumer-group reads with validation, de-duplication and ack-after-insert."""
+    """Learner side: consumer-group reads with validation, de-duplication and ack-after-insert.
+    Chunks carry transitions of an env with these `spaces`, and the `extra` arrays the learner's
+    algorithm asks for."""
 
     def __init__(
         self,
         client: redis.Redis,
         keys: RunKeys,
-        specs: Mapping[str, ArraySpec],
-        num_actions: int,
+        spaces: SpaceSpecs,
+        extra: Mapping[str, ArraySpec] | None = None,
         consumer: str = "learner-0",
     ):
-        self.client, self.keys, self.specs = client, keys, dict(specs)
-        self.num_actions, self.consumer = num_actions, consumer
+        self.client, self.keys, self.consumer = client, keys, consumer
+        self.specs, self.action = transition_specs(spaces, extra), spaces.action
         self.seen: set[int] = set()
         self.stats = IngestStats()
         self.groups_created = 0
@@ -166,7 +168,7 @@ class StreamReader:
             return 0
         return self._take(reply[0][1] if reply else [], sink)
 
-    def claim_stale(self, sink: Sink, min_idle_ms: int = 30_000, count: int = 64) -> int:
+    def claim_stale(self, sink: Sink, min_idle_ms: int, count: int = 64) -> int:
         """Take over entries delivered to some consumer but not acked for `min_idle_ms`
         (a reader that died between read and ack), and ingest them like `poll`."""
         try:
@@ -199,7 +201,7 @@ class StreamReader:
     def _handle(self, entry_id: bytes, fields: dict[bytes, bytes], sink: Sink) -> int:
         try:
             header, arrays = decode_chunk(fields, self.specs)
-            check_content(header, arrays, self.keys.run_id, self.num_actions)
+            check_content(header, arrays, self.keys.run_id, self.action)
         except CodecError as exc:
             self.stats.rejected += 1
             reason = str(exc)

@@ -34,7 +34,7 @@ class WorkersDidNotStart(RuntimeError):
     """Local workers exited or never reported; the message is one line and names the log."""
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """preexec_fn: SIGKILL this child when the process that started it dies.
 
     Only a parent that died without cleaning up (SIGKILL, a crash) sets it off: a clean exit stops
@@ -51,7 +51,8 @@ def _die_with_parent() -> None:
 class LocalWorkers:
     """N `celery -A clusterenv.tasks worker --pool solo` processes on this machine, taking every
     queue or only `queue` (with EVAL_QUEUE: workers that only evaluate); `launcher` is put before
-    each command (e.g. `ip netns exec NS`, to run it in another network namespace)."""
+    each command (e.g. `ip netns exec NS`, to run it in another network namespace); `include`
+    names more task modules the workers import (a benchmark's own tasks)."""
 
     def __init__(
         self,
@@ -60,9 +61,10 @@ class LocalWorkers:
         log_path: Path | None = None,
         queue: str | None = None,
         launcher: Sequence[str] = (),
+        include: Sequence[str] = (),
     ):
         self.redis_url, self.count, self.log_path, self.queue = redis_url, count, log_path, queue
-        self.launcher = list(launcher)
+        self.launcher, self.include = list(launcher), list(include)
         self.eval_only = queue == EVAL_QUEUE  # announced apart; no chunk is sent for these
         self.procs: list[subprocess.Popen] = []
         self.tag = uuid.uuid4().hex[:6]
@@ -78,9 +80,11 @@ class LocalWorkers:
         ]  # fmt: skip
         if self.queue:
             cmd += ["--queues", self.queue]
+        if self.include:
+            cmd += ["--include", ",".join(self.include)]
         return subprocess.Popen(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, preexec_fn=_die_with_parent,
+            start_new_session=True, preexec_fn=die_with_parent,
         )  # fmt: skip
 
     def add(self, n: int = 1) -> None:
@@ -179,7 +183,7 @@ class EmbeddedServer:
             with open(log_path, "ab") as log:
                 self.proc = subprocess.Popen(
                     cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True, preexec_fn=_die_with_parent,
+                    start_new_session=True, preexec_fn=die_with_parent,
                 )  # fmt: skip
             if self._wait_ready(timeout_s):
                 return f"redis://127.0.0.1:{self.port}/0"
@@ -227,7 +231,8 @@ class EmbeddedServer:
 
 class Stack:
     """Server (unless a URL is given) plus local workers, and `eval_workers` more that only
-    evaluate; a context manager that always cleans up."""
+    evaluate (all of them importing the task modules in `include` too); a context manager that
+    always cleans up."""
 
     def __init__(
         self,
@@ -235,10 +240,11 @@ class Stack:
         workers: int,
         log_path: Path | None = None,
         eval_workers: int = 0,
+        include: Sequence[str] = (),
     ):
         self.redis_url = redis_url
         self.counts = {None: workers, EVAL_QUEUE: eval_workers}  # per queue: None is every queue
-        self.log_path = log_path
+        self.log_path, self.include = log_path, include
         self.server: EmbeddedServer | None = None
         self.pools: list[LocalWorkers] = []
 
@@ -262,7 +268,9 @@ class Stack:
             registry, expected = WorkerRegistry(client), []
             for queue, count in self.counts.items():
                 if count > 0:
-                    pool = LocalWorkers(self.redis_url, count, self.log_path, queue)
+                    pool = LocalWorkers(
+                        self.redis_url, count, self.log_path, queue, include=self.include
+                    )
                     expected.append(registry.alive_processes(pool.eval_only) + count)
                     self.pools.append(pool)
                     pool.start()

@@ -17,21 +17,21 @@ import redis
 
 from clusterenv.pipeline.chunks.actor import make_vector_env
 from clusterenv.pipeline.evaluation.request import EvalRequest
-from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.keys import RUN_KEYS_TTL_S, RunKeys
 from clusterenv.pipeline.policy import NumpyMLP, load_policy
+from clusterenv.pipeline.spaces import action_spec
 from clusterenv.pipeline.sync.client import read_weights
-
-# The learner reads results within seconds; a result nobody reads must not stay forever.
-RESULTS_TTL_S = 3600
 
 
 def greedy_returns(envs: gym.vector.VectorEnv, policy: NumpyMLP, seeds: list[int]) -> np.ndarray:
-    """Undiscounted return of one greedy episode in each env, env i reset with `seeds[i]`."""
+    """Undiscounted return of one greedy episode in each env, env i reset with `seeds[i]`; the
+    greedy action is the action space's (pipeline/spaces.py: argmax for Discrete)."""
+    greedy = action_spec(envs.single_action_space).greedy
     obs, _ = envs.reset(seed=seeds)
     returns = np.zeros(envs.num_envs)
     running = np.ones(envs.num_envs, dtype=bool)
     while running.any():
-        obs, reward, terminated, truncated, _ = envs.step(policy(obs).argmax(axis=1))
+        obs, reward, terminated, truncated, _ = envs.step(greedy(policy(obs)))
         returns += np.where(running, reward, 0.0)
         running &= ~(terminated | truncated)
     return returns
@@ -60,7 +60,7 @@ class EvalRunner:
         pipe = self.client.pipeline(transaction=False)
         pipe.exists(keys.stop)
         pipe.hset(keys.eval_takers, f"{req.eval_id}:{req.part}", self.hostname)
-        pipe.expire(keys.eval_takers, RESULTS_TTL_S)
+        pipe.expire(keys.eval_takers, RUN_KEYS_TTL_S)
         if pipe.execute()[0]:
             return {"eval": req.eval_id, "part": req.part, "skipped": "run stopped"}
         # Retention dropped the version meanwhile: evaluate the newest, and say which.
@@ -78,6 +78,6 @@ class EvalRunner:
                    "worker": self.worker_name}  # fmt: skip
         pipe = self.client.pipeline(transaction=True)
         pipe.rpush(keys.eval_results, json.dumps(result))
-        pipe.expire(keys.eval_results, RESULTS_TTL_S)
+        pipe.expire(keys.eval_results, RUN_KEYS_TTL_S)  # read within seconds, or never
         pipe.execute()
         return result

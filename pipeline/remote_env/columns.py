@@ -18,7 +18,7 @@ from gymnasium.vector import AutoresetMode
 
 from clusterenv.pipeline.remote_env.group import ShardGroup, ShardRef, remote_error
 from clusterenv.pipeline.remote_env.messages import ADOPT, CALL, RESET, STEP, Message
-from clusterenv.pipeline.remote_env.spaces import from_leaves, leaf_spaces
+from clusterenv.pipeline.spaces import from_leaves, leaf_spaces
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from clusterenv.pipeline.codec import (
 from clusterenv.pipeline.task_args import TaskArgs, TaskArgsError
 
 HOST_SHARD_TASK = "clusterenv.host_shard"
-ECHO_TASK = "clusterenv.echo"
 
 # Request ops (client → shard); a reply echoes the op and the request's sequence number.
 HELLO, RESET, STEP, ADOPT, CALL, CLOSE = "hello", "reset", "step", "adopt", "call", "close"

@@ -39,7 +39,8 @@ from clusterenv.pipeline.remote_env.messages import (
     request_problem,
     unpack,
 )
-from clusterenv.pipeline.remote_env.spaces import Rows, from_leaves, leaf_spaces, space_to_tree
+from clusterenv.pipeline.remote_env.values import Rows
+from clusterenv.pipeline.spaces import from_leaves, leaf_spaces, space_to_tree
 
 # How long one BLPOP waits before the loop looks at its exit conditions again.
 POLL_S = 1.0

@@ -23,13 +23,8 @@ from clusterenv.pipeline.cluster.embedded import Stack
 from clusterenv.pipeline.remote_env.columns import Batch, ShardColumns
 from clusterenv.pipeline.remote_env.group import RemoteEnvError, ShardGroup
 from clusterenv.pipeline.remote_env.messages import EnvTarget, RemoteEnvOptions
-from clusterenv.pipeline.remote_env.spaces import (
-    from_leaves,
-    leaf_spaces,
-    leaves,
-    restore,
-    space_from_tree,
-)
+from clusterenv.pipeline.remote_env.values import restore
+from clusterenv.pipeline.spaces import from_leaves, leaf_spaces, leaves, space_from_tree
 
 
 class RemoteVectorEnv(gym.vector.VectorEnv):

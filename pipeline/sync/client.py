@@ -10,6 +10,7 @@ once per pair of held and newest version.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -18,12 +19,12 @@ import numpy as np
 import redis
 from redis.client import Pipeline
 
+from clusterenv.pipeline.behaviour import Behaviour
 from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.outbox import Outbox
 from clusterenv.pipeline.policy import NumpyMLP, load_policy
 from clusterenv.pipeline.roles import SyncRule
-from clusterenv.pipeline.sync.divergence import DIVERGENCES
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +72,13 @@ class RedisWeightClient:
         client: redis.Redis,
         keys: RunKeys,
         rule: SyncRule,
-        kind: str = "epsilon_greedy",
+        obs: ArraySpec,
         outbox: Outbox | None = None,
     ):
         self.client, self.keys, self.rule = client, keys, rule
+        self.obs = obs  # one observation of the run's env: how its reference states are stored
         # The sync check's reads go out with whatever the outbox holds (the last chunk's XADD).
         self.outbox = outbox if outbox is not None else Outbox(client)
-        self.kind = kind  # how the worker acts (pipeline/policy.py): which divergences apply
         self.version: int | None = None
         self.policy: NumpyMLP | None = None
         self.steps_since_fetch = 0
@@ -90,9 +91,9 @@ class RedisWeightClient:
         self._reference: tuple[int, np.ndarray] | None = None
         # The last measurement, keyed by what it depends on: a worker that stays behind the same
         # newer version (PPO: most chunks between two updates) does not re-read its probe.
-        self._measured: tuple[tuple[int | None, int, float, str], float] | None = None
+        self._measured: tuple[tuple[int | None, int, Behaviour, str], float] | None = None
 
-    def sync(self, epsilon: float) -> NumpyMLP | None:
+    def sync(self, behaviour: Behaviour) -> NumpyMLP | None:
         """The per-chunk sync check; returns the policy to act with for the next chunk, or None
         (and `run_stopped` set) when the run has ended."""
 
@@ -112,7 +113,7 @@ class RedisWeightClient:
             raise RuntimeError(f"run {self.keys.run_id!r} has published no weights")
         latest = int(replies[1])
         self.own_version_stored = bool(replies[2]) if len(replies) > 2 else False
-        if self.policy is None or self.rule.should_fetch(self, latest, epsilon):
+        if self.policy is None or self.rule.should_fetch(self, latest, behaviour):
             self._fetch(latest)
         assert self.policy is not None
         return self.policy
@@ -123,11 +124,11 @@ class RedisWeightClient:
     def seconds_since_fetch(self) -> float:
         return time.monotonic() - self._fetched_at
 
-    def divergence_to(self, version: int, epsilon: float, measure: str) -> float | None:
+    def divergence_to(self, version: int, behaviour: Behaviour, measure: str) -> float | None:
         """D between the held policy and `version`, from that version's probe; None if no usable
         probe (the rule then fetches, as it would without APS). A version's probe never changes,
         so the same question asked again is answered without reading it again."""
-        key = (self.version, version, epsilon, measure)
+        key = (self.version, version, behaviour, measure)
         if self._measured is not None and self._measured[0] == key:
             self.last_divergence = self._measured[1]
             return self.last_divergence
@@ -147,15 +148,14 @@ class RedisWeightClient:
             return self._reject(
                 "probe", f"probe {version}: {len(arrays['q'])} rows for {len(states)} states"
             )
-        d = DIVERGENCES[self.kind][measure](arrays["q"], self.policy(states), epsilon)
+        d = behaviour.divergence(measure, arrays["q"], self.policy(states))
         self.last_divergence, self._measured = d, (key, d)
         return d
 
     def _reference_states(self, ref: int) -> np.ndarray | None:
         if self._reference is not None and self._reference[0] == ref:
             return self._reference[1]
-        obs = ArraySpec("<f4", (self.policy.num_inputs,))
-        got = self._read(self.keys.reference(ref), {"obs": obs})
+        got = self._read(self.keys.reference(ref), {"obs": self.obs})
         if got is None:
             return None
         self._reference = (ref, got[1]["obs"].copy())
@@ -195,6 +195,10 @@ class RedisWeightClient:
         self.counters.weight_bytes += len(blob)
         try:
             policy = load_policy(blob)
+            if policy.num_inputs != math.prod(self.obs.row_shape):
+                raise ValueError(
+                    f"{policy.num_inputs} inputs for observations of shape {self.obs.row_shape}"
+                )
             held = self.policy
             if held is not None and (
                 policy.num_inputs != held.num_inputs or policy.num_outputs != held.num_outputs

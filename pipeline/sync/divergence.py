@@ -1,7 +1,8 @@
 """How far a worker's policy is from the learner's, measured on the same reference states.
 
 Every measure is a mean over reference states, so a tolerance means the same whatever the number
-of envs a worker steps. Which measures exist depends on how workers act (the run's policy kind).
+of envs a worker steps. Which measures exist depends on how workers act: each behaviour kind
+(pipeline/behaviour.py) names its own and calls them with its parameters (ε for ε-greedy).
 
 Categorical policies (PPO: outputs are logits, π = softmax):
 - `kl` (default): E_s[KL(π_L ‖ π_W)], the quantity PPO's trust region bounds; a ratio-clipped
@@ -21,8 +22,6 @@ Categorical policies (PPO: outputs are logits, π = softmax):
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 
@@ -58,35 +57,12 @@ def value(q_learner: np.ndarray, q_worker: np.ndarray, epsilon: float) -> float:
     return float(lost / max(scale, 1e-8))
 
 
-def categorical_kl(logits_learner: np.ndarray, logits_worker: np.ndarray, epsilon: float) -> float:
-    """Mean KL(softmax(learner) ‖ softmax(worker)); `epsilon` plays no part in these policies."""
+def categorical_kl(logits_learner: np.ndarray, logits_worker: np.ndarray) -> float:
+    """Mean KL(softmax(learner) ‖ softmax(worker))."""
     logp, logq = log_softmax(logits_learner), log_softmax(logits_worker)
     return float((np.exp(logp) * (logp - logq)).sum(axis=1).mean())
 
 
-def categorical_tv(logits_learner: np.ndarray, logits_worker: np.ndarray, epsilon: float) -> float:
+def categorical_tv(logits_learner: np.ndarray, logits_worker: np.ndarray) -> float:
     p, q = np.exp(log_softmax(logits_learner)), np.exp(log_softmax(logits_worker))
     return float(0.5 * np.abs(p - q).sum(axis=1).mean())
-
-
-Divergence = Callable[[np.ndarray, np.ndarray, float], float]
-# Per policy kind (pipeline/policy.py): its measures, the first one the default of `aps:TOL`.
-DIVERGENCES: dict[str, dict[str, Divergence]] = {
-    "epsilon_greedy": {"value": value, "tv": tv, "kl": kl},
-    "categorical": {"kl": categorical_kl, "tv": categorical_tv},
-}
-MEASURES: frozenset[str] = frozenset(m for table in DIVERGENCES.values() for m in table)
-
-
-def measure_name(policy: str, measure: str | None) -> str:
-    """`measure` (None: the default of the policy kind) if it applies to that kind of policy;
-    else a ValueError naming the measures that do."""
-    table = DIVERGENCES.get(policy)
-    if table is None:
-        raise ValueError(f"unknown policy kind {policy!r}; choose {', '.join(DIVERGENCES)}")
-    name = measure or next(iter(table))
-    if name not in table:
-        raise ValueError(
-            f"divergence {name!r} does not apply to {policy} policies; choose {', '.join(table)}"
-        )
-    return name

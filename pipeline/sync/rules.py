@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clusterenv.pipeline.behaviour import MEASURES, Behaviour, EpsilonGreedy
 from clusterenv.pipeline.roles import SyncRule, SyncState
-from clusterenv.pipeline.sync.divergence import MEASURES, measure_name
 
 
 @dataclass(frozen=True)
 class Always:
     """Fetch on every chunk, even the version already held: the naive baseline."""
 
-    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
+    def should_fetch(self, client: SyncState, latest: int, behaviour: Behaviour) -> bool:
         return True
 
 
@@ -25,7 +25,7 @@ class Always:
 class OnChange:
     """Fetch whenever a newer version exists (RLlib's pull-if-newer)."""
 
-    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
+    def should_fetch(self, client: SyncState, latest: int, behaviour: Behaviour) -> bool:
         return latest != client.version
 
 
@@ -35,7 +35,7 @@ class Interval:
 
     steps: int
 
-    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
+    def should_fetch(self, client: SyncState, latest: int, behaviour: Behaviour) -> bool:
         return latest != client.version and client.steps_since_fetch >= self.steps
 
 
@@ -53,7 +53,7 @@ class Aps:
     max_lag_versions: int = 0
     max_lag_seconds: float = 0.0
 
-    def should_fetch(self, client: SyncState, latest: int, epsilon: float) -> bool:
+    def should_fetch(self, client: SyncState, latest: int, behaviour: Behaviour) -> bool:
         if latest == client.version:
             return False
         assert client.version is not None
@@ -63,7 +63,7 @@ class Aps:
             return True
         if self.max_lag_seconds and client.seconds_since_fetch() >= self.max_lag_seconds:
             return True
-        d = client.divergence_to(latest, epsilon, self.divergence)
+        d = client.divergence_to(latest, behaviour, self.divergence)
         return d is None or d > self.tolerance
 
 
@@ -79,10 +79,11 @@ def parse_sync(
     spec: str,
     max_lag_versions: int = 0,
     max_lag_seconds: float = 0.0,
-    policy: str = "epsilon_greedy",
+    kind: type[Behaviour] = EpsilonGreedy,
 ) -> SyncRule:
-    """A rule from its spec string, for workers acting with `policy` (pipeline/policy.py: an
-    `aps:TOL` without a measure takes that kind's default); a ValueError naming the problem.
+    """A rule from its spec string, for workers acting with behaviours of `kind`
+    (pipeline/behaviour.py: an `aps:TOL` without a measure takes that kind's default); a
+    ValueError naming the problem.
 
     The lag guards belong to APS; given with another rule they are refused, not ignored.
     """
@@ -116,7 +117,7 @@ def parse_sync(
                 f"sync {spec!r}: unknown divergence {measure!r}; choose {', '.join(sorted(MEASURES))}"
             )
         try:
-            measure = measure_name(policy, measure)
+            measure = kind.measure(measure)
         except ValueError as exc:
             raise ValueError(f"sync {spec!r}: {exc}") from None
         return Aps(tolerance, measure, max_lag_versions, max_lag_seconds)

@@ -17,6 +17,13 @@ from clusterenv.pipeline.codec import encode_chunk, encode_weights
 from clusterenv.pipeline.keys import RunKeys
 
 
+def reference_pool_rows(size: int) -> int:
+    """How many of the newest replay rows a batch of `size` reference states is drawn from (and
+    so how many a learner without a replay buffer, PPO, keeps for it): ten per state, recent
+    enough to be states the current policy visits, enough not to be a few episodes."""
+    return 10 * size
+
+
 class RedisWeightSource:
     """Publishes versions (and probes) with a TTL; versions more than `keep` behind are deleted."""
 

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.sync.source import RedisWeightSource
@@ -36,7 +37,9 @@ def test_flower_shows_chunks(redis_url, workers, celery_app, client, run_id):
         sent = 0
         while len([t for t in mine if t["state"] == "SUCCESS"]) < 3:
             assert time.monotonic() < deadline, f"flower shows {mine} of {sent} chunks sent"
-            req = ChunkRequest(run_id, sent, "CartPole-v1", 2, 5, seed=1, epsilon=0.5)
+            req = ChunkRequest(
+                run_id, sent, "CartPole-v1", 2, 5, seed=1, behaviour=EpsilonGreedy(0.5)
+            )
             celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
             sent += 1
             time.sleep(0.5)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.netrig import Host, NetRig
+from bench.netrig import Host, NetRig
 from tests.worker_log import RECEIVED, SUCCEEDED
 
 CHUNK_ENV_STEPS = 8 * 16

@@ -17,15 +17,16 @@ import numpy as np
 import pytest
 import redis
 
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.cluster.celery_client import celery_client
 from clusterenv.pipeline.cluster.embedded import LocalWorkers
 from clusterenv.pipeline.connect import RedisUnreachable, connect
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.remote_env import RemoteVectorEnv
 from clusterenv.pipeline.sync.source import RedisWeightSource
-from tests.fakes import net
+from tests.fakes import CARTPOLE, net
 from tests.servers import Certs, PrivateRedis, flower, http_get, make_certs
 
 CLI = [sys.executable, "-m", "clusterenv.learner.tools.cli"]
@@ -156,11 +157,12 @@ def test_chunks_flow_between_acl_users_over_tls(secure_stack):
     learner = connect(learner_url)
     keys = RunKeys(f"secure-{uuid.uuid4().hex[:8]}")
     RedisWeightSource(learner, keys).publish(net(0))
-    reader = StreamReader(connect(learner_url, blocking=True), keys,
-                          transition_specs(np.float32, (4,)), num_actions=2)  # fmt: skip
+    reader = StreamReader(connect(learner_url, blocking=True), keys, CARTPOLE)
     sender = celery_client(learner_url)
     for chunk in range(3):
-        req = ChunkRequest(keys.run_id, chunk, "CartPole-v1", 2, 5, seed=1, epsilon=0.5)
+        req = ChunkRequest(
+            keys.run_id, chunk, "CartPole-v1", 2, 5, seed=1, behaviour=EpsilonGreedy(0.5)
+        )
         sender.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
     got: list[int] = []
     deadline = time.monotonic() + 30

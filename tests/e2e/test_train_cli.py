@@ -20,11 +20,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from bench.signals import default_stop_signals
 from clusterenv.learner.run.metrics import read_metrics
 from clusterenv.pipeline.cluster.embedded import LocalWorkers
 from clusterenv.pipeline.sync.rules import DEFAULT_SYNC
 from tests.servers import PrivateRedis
-from tests.signals import default_stop_signals
 from tests.tfevents import read_scalars
 
 CLI = [sys.executable, "-m", "clusterenv.learner.tools.cli"]

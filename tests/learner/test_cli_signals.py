@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.signals import default_stop_signals
+from bench.signals import default_stop_signals
 
 # A signal that lands while exec()'d code runs (as when a late import builds a dataclass) and is
 # caught: the process must still exit with the code it returns, not die by SIGINT.

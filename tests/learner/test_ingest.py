@@ -19,14 +19,16 @@ def one_chunk(rows: int = 8) -> tuple[dict, dict[str, np.ndarray]]:
     return {"chunk": 0, "policy_version": 0, "worker": "w"}, arrays
 
 
-def ingest_from(reader: FlakyReader, **retry) -> tuple[Ingest, ReplayBuffer]:
+def ingest_from(
+    reader: FlakyReader, stale_after_s: float = 30.0, **retry
+) -> tuple[Ingest, ReplayBuffer]:
     replay = ReplayBuffer(64, (4,), np.dtype(np.float32))
 
     def store(header: dict, a: dict[str, np.ndarray]) -> int:  # what a learner's insert does
         replay.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
         return len(a["action"])
 
-    return Ingest(reader, store, lambda v: (0, 0), **retry), replay
+    return Ingest(reader, store, lambda v: (0, 0), stale_after_s, **retry), replay
 
 
 def wait_until(condition, timeout_s: float = 20.0) -> None:
@@ -69,3 +71,15 @@ def test_a_connection_the_client_could_not_restore_is_not_retried_again():
     wait_until(lambda: ingest.error is not None)
     ingest.stop()
     assert len(reader.polls) == 1 and ingest.retried == 0
+
+
+def test_chunks_are_claimed_after_the_write_off_time_ingest_was_given():
+    # The trainer gives the dispatcher's --lost-after-s: no default of its own that could drift.
+    reader = FlakyReader(0, RuntimeError("unused"), [])
+    ingest, _ = ingest_from(reader, stale_after_s=12.5, claim_every_s=0.0)
+    ingest.start()
+    try:
+        wait_until(lambda: len(reader.claims) >= 2)
+    finally:
+        ingest.stop()
+    assert set(reader.claims) == {12_500}

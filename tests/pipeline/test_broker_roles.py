@@ -13,7 +13,7 @@ import pytest
 import redis
 from kombu.exceptions import OperationalError
 
-from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.cluster.run_flags import RedisRunFlags
 from clusterenv.pipeline.cluster.status_board import RedisStatusBoard
@@ -21,6 +21,7 @@ from clusterenv.pipeline.connect import BROKER_ERRORS, broker_gone, connect
 from clusterenv.pipeline.evaluation.results import RedisEvalResults
 from clusterenv.pipeline.keys import RUN_KEYS_TTL_S, RunKeys
 from tests.fakes import (
+    CARTPOLE,
     FakeEvalResults,
     FakeRunFlags,
     FakeStatusBoard,
@@ -279,9 +280,7 @@ def transitions(side: str, request: pytest.FixtureRequest, run_id: str):
         fake = FakeTransitions()
         return fake, fake
     client, keys = server(request), RunKeys(run_id)
-    reader = StreamReader(
-        connect(url_of(client), blocking=True), keys, transition_specs(np.float32, (4,)), 2
-    )
+    reader = StreamReader(connect(url_of(client), blocking=True), keys, CARTPOLE)
     return StreamWriter(client, keys), reader
 
 

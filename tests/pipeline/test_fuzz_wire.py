@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.chunks.stream import check_content, transition_specs
 from clusterenv.pipeline.codec import (
@@ -33,17 +34,17 @@ from clusterenv.pipeline.remote_env.messages import (
     unpack,
 )
 from clusterenv.pipeline.task_args import TaskArgsError
-from tests.bad_input import NUM_ACTIONS, OBS_SHAPE, bad_entry, entry, json_values
+from tests.bad_input import SPACES, bad_entry, entry, json_values
 from tests.fakes import net
 
-SPECS = transition_specs(np.float32, OBS_SHAPE)
+SPECS = transition_specs(SPACES)
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def accept(fields: dict[bytes, bytes], run_id: str = "run-f") -> tuple[dict, dict]:
     """What the learner's StreamReader does with one entry before replay."""
     header, arrays = decode_chunk(fields, SPECS)
-    check_content(header, arrays, run_id, NUM_ACTIONS)
+    check_content(header, arrays, run_id, SPACES.action)
     return header, arrays
 
 
@@ -164,12 +165,35 @@ def test_wrongly_shaped_weights_load_or_are_refused(tensors):
 # --- task arguments, as a worker decodes them from a JSON Celery message ---
 
 REQUESTS = {
-    ChunkRequest: ChunkRequest("run-f", 1, "CartPole-v1", 2, 8, seed=1, epsilon=0.1),
+    ChunkRequest: ChunkRequest(
+        "run-f", 1, "CartPole-v1", 2, 8, seed=1, behaviour=EpsilonGreedy(0.1)
+    ),
     EvalRequest: EvalRequest("run-f", 0, 0, 3, "CartPole-v1", [1, 2]),
     ShardSpec: ShardSpec("sess", 0, "CartPole-v1", [0, 1], 5.0, 60.0),
 }
 # Python's json (and so Celery's JSON) writes and reads NaN and Infinity.
 arg_values = json_values | st.sampled_from([float("nan"), float("inf"), float("-inf")])
+
+
+# A behaviour value as a worker may receive it: its kind right, wrong or missing, its fields
+# anything JSON carries.
+behaviour_values = st.fixed_dictionaries(
+    {},
+    optional={
+        "kind": st.sampled_from(["epsilon_greedy", "categorical", "gaussian"]) | arg_values,
+        "epsilon": arg_values | st.floats(-0.5, 1.5),
+        "extra": arg_values,
+    },
+)
+
+
+def _numbers(tree) -> list[float]:
+    """Every float in a JSON tree (a nested behaviour's included)."""
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in _numbers(v)]
+    if isinstance(tree, list):
+        return [x for v in tree for x in _numbers(v)]
+    return [tree] if isinstance(tree, float) else []
 
 
 @FAST
@@ -181,6 +205,7 @@ def test_task_arguments_decode_or_raise_task_args_error(kind, data):
         arg_values,
         st.fixed_dictionaries({}, optional={k: arg_values for k in field_names}),
         st.sampled_from(field_names).flatmap(lambda k: arg_values.map(lambda v: {**good, k: v})),
+        behaviour_values.map(lambda b: {**good, "behaviour": b}),
     ))  # fmt: skip
     args = json.loads(json.dumps(args))  # exactly what a JSON Celery message carries
     try:
@@ -189,6 +214,8 @@ def test_task_arguments_decode_or_raise_task_args_error(kind, data):
         assert str(exc)
         return
     # What is accepted is finite where a number is used as one, and survives the trip again.
-    numbers = [v for v in req.to_json().values() if isinstance(v, float)]
-    assert all(math.isfinite(v) for v in numbers), req
+    assert all(math.isfinite(v) for v in _numbers(req.to_json())), req
     assert kind.from_json(json.loads(json.dumps(req.to_json()))) == req
+    if kind is ChunkRequest:
+        assert req.behaviour.kind in ("epsilon_greedy", "categorical")
+        assert 0.0 <= getattr(req.behaviour, "epsilon", 0.0) <= 1.0

@@ -9,9 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter
 from clusterenv.pipeline.connect import RedisUnreachable, connect
 from clusterenv.pipeline.keys import RunKeys
+from tests.fakes import CARTPOLE
 from tests.servers import PrivateRedis
 
 pytestmark = pytest.mark.timeout(60)
@@ -31,8 +32,7 @@ def header(run_id: str, chunk_id: int) -> dict:
 
 
 def reader(url: str, keys: RunKeys, consumer: str = "learner-0") -> StreamReader:
-    return StreamReader(connect(url, blocking=True), keys, transition_specs(np.float32, (4,)), 2,
-                        consumer=consumer)  # fmt: skip
+    return StreamReader(connect(url, blocking=True), keys, CARTPOLE, consumer=consumer)
 
 
 def test_a_command_during_a_broker_restart_waits_for_it_and_succeeds():

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import inspect
 
-import numpy as np
 import pytest
 import redis
 
-from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.cluster.run_flags import RedisRunFlags
 from clusterenv.pipeline.cluster.status_board import RedisStatusBoard
@@ -34,6 +33,7 @@ from clusterenv.pipeline.sync.client import RedisWeightClient
 from clusterenv.pipeline.sync.rules import Always, Aps, Interval, OnChange
 from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import (
+    CARTPOLE,
     FakeEvalResults,
     FakeRunFlags,
     FakeStatusBoard,
@@ -69,9 +69,9 @@ def params(sig: inspect.Signature) -> list[str]:
 
 
 CASES = [
-    (WeightClient, lambda: RedisWeightClient(redis.Redis(), KEYS, Always())),
+    (WeightClient, lambda: RedisWeightClient(redis.Redis(), KEYS, Always(), CARTPOLE.obs)),
     (WeightClient, lambda: FakeWeightClient(net(0))),
-    (SyncState, lambda: RedisWeightClient(redis.Redis(), KEYS, Always())),
+    (SyncState, lambda: RedisWeightClient(redis.Redis(), KEYS, Always(), CARTPOLE.obs)),
     (SyncState, FakeSyncState),
     (WeightSource, lambda: RedisWeightSource(None, KEYS)),
     (WeightSource, FakeWeightSource),
@@ -114,7 +114,7 @@ def test_stream_reader_fits_transition_reader(client, run_id):
     attrs, methods = members(TransitionReader)
     for name, sig in methods.items():
         assert params(inspect.signature(getattr(StreamReader, name))) == params(sig)
-    reader = StreamReader(client, RunKeys(run_id), transition_specs(np.float32, (4,)), 2)
+    reader = StreamReader(client, RunKeys(run_id), CARTPOLE)
     assert attrs == {"stats", "seen"}
     assert reader.stats.chunks == 0 and reader.seen == set()
 

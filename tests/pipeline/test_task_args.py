@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
+from clusterenv.pipeline.behaviour import Categorical, EpsilonGreedy
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.remote_env.messages import ShardSpec
 from clusterenv.pipeline.task_args import TaskArgsError
 
-REQ = ChunkRequest("run-t", 4, "CartPole-v1", 2, 8, seed=1, epsilon=0.25, env_kwargs={"g": 9.8})
+REQ = ChunkRequest(
+    "run-t", 4, "CartPole-v1", 2, 8, seed=1, behaviour=EpsilonGreedy(0.25), env_kwargs={"g": 9.8}
+)
 SPEC = ShardSpec("sess", 1, "CartPole-v1", [2, 3], heartbeat_ttl_s=3.0, idle_timeout_s=300.0)
 
 
@@ -28,8 +32,33 @@ def refused(cls, data) -> str:
         (ChunkRequest, {"sync": 3}, ["ChunkRequest.sync", "a string", "int 3"]),
         (ChunkRequest, {"num_envs": True}, ["ChunkRequest.num_envs", "an integer", "bool"]),
         (ChunkRequest, {"chunk_id": 4.0}, ["ChunkRequest.chunk_id", "an integer", "float"]),
-        (ChunkRequest, {"epsilon": "0.1"}, ["ChunkRequest.epsilon", "a finite number", "str"]),
-        (ChunkRequest, {"epsilon": False}, ["ChunkRequest.epsilon", "a finite number", "bool"]),
+        (
+            ChunkRequest,
+            {"behaviour": {"kind": "epsilon_greedy", "epsilon": "0.1"}},
+            ["ChunkRequest.behaviour.epsilon", "a finite number", "str"],
+        ),
+        (
+            ChunkRequest,
+            {"behaviour": {"kind": "epsilon_greedy", "epsilon": False}},
+            ["ChunkRequest.behaviour.epsilon", "a finite number", "bool"],
+        ),
+        (
+            ChunkRequest,
+            {"behaviour": {"kind": "gaussian", "std": 1.0}},
+            ["ChunkRequest.behaviour.kind", "epsilon_greedy, categorical", "'gaussian'"],
+        ),
+        (ChunkRequest, {"behaviour": {}}, ["ChunkRequest.behaviour.kind", "None"]),
+        (ChunkRequest, {"behaviour": 0.1}, ["ChunkRequest.behaviour", "a JSON object", "float"]),
+        (
+            ChunkRequest,
+            {"behaviour": {"kind": "categorical", "epsilon": 0.1}},
+            ["unknown ChunkRequest.behaviour fields: epsilon"],
+        ),
+        (
+            ChunkRequest,
+            {"behaviour": {"kind": "epsilon_greedy"}},
+            ["ChunkRequest.behaviour", "missing", "'epsilon'"],
+        ),
         (ChunkRequest, {"run_id": None}, ["ChunkRequest.run_id", "a string", "null"]),
         (ChunkRequest, {"env_kwargs": [1]}, ["ChunkRequest.env_kwargs", "a JSON object", "list"]),
         (ShardSpec, {"env_indices": ["0", "1"]}, ["ShardSpec.env_indices", "a list of integers"]),
@@ -74,8 +103,9 @@ def test_unknown_fields_are_named():
 
 
 def test_ints_are_accepted_for_floats():
-    req = ChunkRequest.from_json(REQ.to_json() | {"epsilon": 1, "max_lag_seconds": 5})
-    assert req.epsilon == 1 and req.max_lag_seconds == 5
+    greedy = {"kind": "epsilon_greedy", "epsilon": 1}
+    req = ChunkRequest.from_json(REQ.to_json() | {"behaviour": greedy, "max_lag_seconds": 5})
+    assert req.behaviour.epsilon == 1 and req.max_lag_seconds == 5
     spec = ShardSpec.from_json(SPEC.to_json() | {"heartbeat_ttl_s": 2, "idle_timeout_s": 60})
     assert spec.heartbeat_ttl_s == 2 and spec.idle_timeout_s == 60
 
@@ -98,13 +128,34 @@ def test_round_trip_through_json(args):
     "changes, part",
     [
         ({"steps": 0}, "num_envs and steps must be >= 1"),
-        ({"epsilon": 1.5}, "epsilon must be in [0, 1]"),
+        (
+            {"behaviour": {"kind": "epsilon_greedy", "epsilon": 1.5}},
+            "ChunkRequest.behaviour: epsilon must be in [0, 1]",
+        ),
+        ({"sync": "aps:0.1:value", "behaviour": {"kind": "categorical"}}, "does not apply to"),
         ({"max_lag_versions": -1}, "must be >= 0"),
         ({"sync": "sometimes"}, "unknown sync policy 'sometimes'"),
     ],
 )
 def test_well_typed_but_bad_values_are_refused_by_check(changes, part):
     assert part in refused(ChunkRequest, REQ.to_json() | changes)
+
+
+@pytest.mark.parametrize(
+    "behaviour, wire",
+    [
+        (EpsilonGreedy(0.05), {"kind": "epsilon_greedy", "epsilon": 0.05}),
+        (Categorical(), {"kind": "categorical"}),
+    ],
+)
+def test_behaviour_values_travel_as_one_json_object(behaviour, wire):
+    data = REQ.to_json() | {"behaviour": wire}
+    assert ChunkRequest.from_json(data).behaviour == behaviour
+    assert dataclasses.replace(REQ, behaviour=behaviour).to_json()["behaviour"] == wire
+
+
+def test_epsilon_is_kept_to_six_decimals():
+    assert EpsilonGreedy(0.123456789) == EpsilonGreedy(0.123457)
 
 
 def test_task_args_errors_are_value_errors():

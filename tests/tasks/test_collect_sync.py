@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.cluster.embedded import LocalWorkers
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.sync.source import RedisWeightSource
-from tests.fakes import REF, net, url_of
+from tests.fakes import CARTPOLE, REF, net, url_of
 
 
 def run_two_versions(celery_app, client, run_id: str, num_envs: int, queue: str) -> list[dict]:
@@ -23,13 +23,19 @@ def run_two_versions(celery_app, client, run_id: str, num_envs: int, queue: str)
     keys = RunKeys(run_id)
     source = RedisWeightSource(client, keys)
     source.publish_reference(REF)
-    reader = StreamReader(connect(url_of(client), blocking=True), keys,
-                              transition_specs(np.float32, (4,)), num_actions=2)  # fmt: skip
+    reader = StreamReader(connect(url_of(client), blocking=True), keys, CARTPOLE)
     headers: list[dict] = []
     for chunk_id, seed in enumerate([0, 4]):
         source.publish(net(seed), NumpyMLP(net(seed))(REF))
         req = ChunkRequest(
-            run_id, chunk_id, "CartPole-v1", num_envs, 4, seed=1, epsilon=0.1, sync="aps:0"
+            run_id,
+            chunk_id,
+            "CartPole-v1",
+            num_envs,
+            4,
+            seed=1,
+            behaviour=EpsilonGreedy(0.1),
+            sync="aps:0",
         )
         celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json(), queue=queue)
         deadline = time.monotonic() + 30

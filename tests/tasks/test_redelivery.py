@@ -14,18 +14,18 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.cluster.embedded import LocalWorkers
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.sync.source import RedisWeightSource
-from tests.fakes import REF, net, url_of
+from tests.fakes import CARTPOLE, REF, net, url_of
 from tests.worker_log import RECEIVED
 
 # Redelivery happens after the visibility timeout, at a worker's next look for unacked tasks
@@ -35,8 +35,7 @@ VISIBILITY_S, WAIT_S = 1, 20
 
 def chunks_in_stream(client, run_id: str, timeout_s: float) -> list[int]:
     """Chunk ids that reach the run's stream within `timeout_s`."""
-    reader = StreamReader(connect(url_of(client), blocking=True), RunKeys(run_id),
-                          transition_specs(np.float32, (4,)), num_actions=2)  # fmt: skip
+    reader = StreamReader(connect(url_of(client), blocking=True), RunKeys(run_id), CARTPOLE)
     seen: list[int] = []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not seen:
@@ -52,7 +51,7 @@ def send_slow_chunk(celery_app, client, run_id: str, queue: str, log: Path) -> N
     source.publish(net(0), NumpyMLP(net(0))(REF))
     env_kwargs = {"log_path": str(log.with_suffix(".evals")), "delay_s": 0.05, "eval_delay_s": 0}
     req = ChunkRequest(run_id, 0, "tests.e2e.step_recorder:SlowEval-v0", 1, 200, seed=1,
-                       epsilon=0.1, env_kwargs=env_kwargs)  # fmt: skip
+                       behaviour=EpsilonGreedy(0.1), env_kwargs=env_kwargs)  # fmt: skip
     celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json(), queue=queue)
     deadline = time.monotonic() + 30
     while not RECEIVED.search(log.read_text() if log.exists() else ""):

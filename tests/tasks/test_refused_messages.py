@@ -6,6 +6,7 @@ from __future__ import annotations
 import pathlib
 import time
 
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.cluster.celery_client import celery_client
 from clusterenv.pipeline.keys import RunKeys
@@ -38,13 +39,17 @@ def test_a_pickled_task_message_is_refused(workers, redis_url, client, run_id, t
     marker = tmp_path / "unpickled"
     sender = celery_client(redis_url, "pickle-sender")
     sender.conf.update(task_serializer="pickle", accept_content=["pickle", "json"])
-    req = ChunkRequest(run_id, 0, "CartPole-v1", 2, 5, seed=1, epsilon=0.5).to_json()
+    req = ChunkRequest(
+        run_id, 0, "CartPole-v1", 2, 5, seed=1, behaviour=EpsilonGreedy(0.5)
+    ).to_json()
     sender.send_task(
         COLLECT_CHUNK_TASK, kwargs={**req, "env_kwargs": {"x": TouchOnUnpickle(marker)}}
     )
     # The same request as JSON, for another run, after it: once that one is served, the
     # pickled one has been taken off the queue too (both go to the same two workers).
-    ok = ChunkRequest(control.run_id, 0, "CartPole-v1", 2, 5, seed=1, epsilon=0.5).to_json()
+    ok = ChunkRequest(
+        control.run_id, 0, "CartPole-v1", 2, 5, seed=1, behaviour=EpsilonGreedy(0.5)
+    ).to_json()
     sender.send_task(COLLECT_CHUNK_TASK, kwargs=ok, serializer="json")
     deadline = time.monotonic() + 30
     while client.xlen(control.stream) == 0:
@@ -60,9 +65,15 @@ def test_a_pickled_task_message_is_refused(workers, redis_url, client, run_id, t
 def test_bad_task_arguments_are_refused_by_name(workers, celery_app, client, run_id):
     keys = RunKeys(run_id)
     RedisWeightSource(client, keys).publish(net(0))
-    bad = {**ChunkRequest(run_id, 0, "CartPole-v1", 2, 5, seed=1, epsilon=0.5).to_json()}
-    bad["epsilon"] = 7.5
+    bad = {
+        **ChunkRequest(
+            run_id, 0, "CartPole-v1", 2, 5, seed=1, behaviour=EpsilonGreedy(0.5)
+        ).to_json()
+    }
+    bad["behaviour"]["epsilon"] = 7.5
     celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=bad)
-    wait_for_log(workers, "TaskArgsError('epsilon must be in [0, 1], got 7.5')")
+    wait_for_log(
+        workers, "TaskArgsError('ChunkRequest.behaviour: epsilon must be in [0, 1], got 7.5')"
+    )
     assert client.xlen(keys.stream) == 0
     assert all(p.poll() is None for p in workers.procs)

@@ -6,14 +6,15 @@ import time
 
 import numpy as np
 
+from clusterenv.pipeline.behaviour import Categorical
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP, log_softmax
 from clusterenv.pipeline.sync.source import RedisWeightSource
-from tests.fakes import url_of
+from tests.fakes import CARTPOLE, url_of
 from tests.pipeline.chunks.test_chunk_pipeline import ENV_KWARGS, POLICY
 
 
@@ -22,11 +23,11 @@ def test_categorical_chunks_carry_the_log_probs_of_the_actions_taken(
 ):
     keys = RunKeys(run_id)
     RedisWeightSource(client, keys).publish(POLICY)
-    specs = transition_specs(np.float32, (4,), {"logp": ArraySpec("<f4", ())})
-    reader = StreamReader(connect(url_of(client), blocking=True), keys, specs, num_actions=2)
+    logp = {"logp": ArraySpec("<f4", ())}
+    reader = StreamReader(connect(url_of(client), blocking=True), keys, CARTPOLE, logp)
     for cid in range(4):
-        req = ChunkRequest(run_id, cid, "CartPole-v1", 3, 20, seed=5, epsilon=0.0,
-                           env_kwargs=ENV_KWARGS, policy="categorical")  # fmt: skip
+        req = ChunkRequest(run_id, cid, "CartPole-v1", 3, 20, seed=5, behaviour=Categorical(),
+                           env_kwargs=ENV_KWARGS)  # fmt: skip
         celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
     got: list[dict[str, np.ndarray]] = []
     deadline = time.monotonic() + 60

@@ -10,16 +10,18 @@ import numpy as np
 import pytest
 import redis
 
-from clusterenv.pipeline.chunks.actor import env_seeds
+from clusterenv.pipeline.behaviour import EpsilonGreedy
+from clusterenv.pipeline.chunks.actor import Actor, env_seeds
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.runtime import WorkerRuntime
-from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter
 from clusterenv.pipeline.codec import encode_chunk
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.spaces import SpaceSpecs
 from clusterenv.pipeline.sync.source import RedisWeightSource
-from tests.fakes import url_of
+from tests.fakes import CARTPOLE, url_of
 
 # A fixed linear policy (push towards the pole's lean; episodes of ~25-50 steps), so ingested data can be replayed locally.
 POLICY = {
@@ -53,10 +55,10 @@ def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, per_task=1, 
     keys = RunKeys(run_id)
     reader = StreamReader(
         connect(url_of(client), blocking=True),
-        keys, transition_specs(np.float32, (4,)), num_actions=2,
+        keys, CARTPOLE,
     )  # fmt: skip
     for cid in chunk_ids:
-        req = ChunkRequest(run_id, cid, "CartPole-v1", num_envs, steps, seed=5, epsilon=0.0,
+        req = ChunkRequest(run_id, cid, "CartPole-v1", num_envs, steps, seed=5, behaviour=EpsilonGreedy(0.0),
                            env_kwargs=ENV_KWARGS, chunks=per_task)  # fmt: skip
         celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
     expected = len(chunk_ids) * per_task
@@ -115,8 +117,7 @@ def test_a_chunk_delivered_twice_is_ingested_once(workers, celery_app, client, r
 
 def test_malformed_and_foreign_entries_are_counted_and_skipped(client, run_id):
     keys = RunKeys(run_id)
-    reader = StreamReader(connect(url_of(client), blocking=True), keys,
-                              transition_specs(np.float32, (4,)), num_actions=2)  # fmt: skip
+    reader = StreamReader(connect(url_of(client), blocking=True), keys, CARTPOLE)
     n = 4
     good = {
         "obs": np.zeros((n, 4), np.float32), "action": np.ones(n, np.int64),
@@ -153,9 +154,74 @@ def test_malformed_and_foreign_entries_are_counted_and_skipped(client, run_id):
         assert part in reasons
 
 
-@pytest.mark.parametrize("bad", [{"num_envs": 0}, {"epsilon": 2.0}, {"surprise": 1}])
+class Frames(gym.Env):
+    """uint8 frames of 10x10x4 (a MinAtar-sized observation), three actions, episodes of 5 steps."""
+
+    observation_space = gym.spaces.Box(0, 255, (10, 10, 4), np.uint8)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._frame(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._frame(), 1.0, self.t >= 5, False, {}
+
+    def _frame(self) -> np.ndarray:
+        return self.np_random.integers(0, 256, (10, 10, 4), dtype=np.uint8)
+
+
+def read_all(reader: StreamReader, entries: int) -> list[dict[str, np.ndarray]]:
+    got: list[dict[str, np.ndarray]] = []
+    deadline = time.monotonic() + 10
+    while reader.stats.chunks + reader.stats.rejected < entries:
+        assert time.monotonic() < deadline, reader.stats
+        reader.poll(lambda h, a: got.append(a))
+    return got
+
+
+def test_uint8_frames_travel_as_uint8_of_their_shape(client, run_id):
+    """Actor buffers, stream entry and reader all follow the env's spaces: no float32, no flattening."""
+    envs = gym.vector.SyncVectorEnv(
+        [Frames, Frames], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+    )
+    chunk = Actor(envs, seeds=[0, 1]).collect(lambda obs: (np.full(len(obs), 2), {}), steps=8)
+    envs.close()
+    keys = RunKeys(run_id)
+    header = {"run": run_id, "chunk": 0, "worker": "w", "policy_version": 0}
+    StreamWriter(client, keys).write(header, chunk.arrays)
+    spaces = SpaceSpecs.of(Frames.observation_space, Frames.action_space)  # as the learner does
+    (arrays,) = read_all(StreamReader(connect(url_of(client), blocking=True), keys, spaces), 1)
+    for name in ("obs", "next_obs"):
+        assert arrays[name].dtype == np.uint8 and arrays[name].shape == (14, 10, 10, 4)
+        np.testing.assert_array_equal(arrays[name], chunk.arrays[name])
+    assert arrays["action"].dtype == np.int64 and (arrays["action"] == 2).all()
+
+
+def test_an_action_outside_the_discrete_range_is_refused_by_name(client, run_id):
+    keys = RunKeys(run_id)
+    frames = np.zeros((2, 10, 10, 4), np.uint8)
+    arrays = {
+        "obs": frames, "action": np.array([0, 3]), "reward": np.ones(2, np.float32),
+        "next_obs": frames, "terminated": np.zeros(2, bool), "truncated": np.zeros(2, bool),
+        "env_index": np.zeros(2, np.int32),
+    }  # fmt: skip
+    header = {"run": run_id, "chunk": 0, "worker": "w", "policy_version": 0}
+    StreamWriter(client, keys).write(header, arrays)
+    spaces = SpaceSpecs.of(Frames.observation_space, Frames.action_space)
+    reader = StreamReader(connect(url_of(client), blocking=True), keys, spaces)
+    assert read_all(reader, 1) == []
+    assert reader.stats.rejected_reasons == {"action outside [0, 3)": 1}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"num_envs": 0}, {"behaviour": {"kind": "epsilon_greedy", "epsilon": 2.0}}, {"surprise": 1}],
+)
 def test_bad_chunk_requests_are_refused(bad):
-    data = ChunkRequest("r", 0, "CartPole-v1", 2, 5, 1, 0.1).to_json() | bad
+    data = ChunkRequest("r", 0, "CartPole-v1", 2, 5, 1, EpsilonGreedy(0.1)).to_json() | bad
     with pytest.raises((ValueError, TypeError)):
         ChunkRequest.from_json(data)
 
@@ -165,7 +231,9 @@ def test_a_stop_between_a_tasks_chunks_ends_the_task_there(client, run_id):
     keys = RunKeys(run_id)
     RedisWeightSource(client, keys).publish(POLICY)
     runtime = WorkerRuntime(client, "w:1")
-    req = ChunkRequest(run_id, 10, "CartPole-v1", 2, 5, seed=5, epsilon=0.0, chunks=4)
+    req = ChunkRequest(
+        run_id, 10, "CartPole-v1", 2, 5, seed=5, behaviour=EpsilonGreedy(0.0), chunks=4
+    )
     writer = StreamWriter(client, keys)
 
     class StopAfterTwo:  # the learner ends the run while the task's second chunk is written
@@ -174,7 +242,9 @@ def test_a_stop_between_a_tasks_chunks_ends_the_task_there(client, run_id):
                 client.set(keys.stop, 1)
             return writer.write(header, arrays)
 
-    first = runtime.run_chunk(ChunkRequest(run_id, 0, "CartPole-v1", 2, 5, seed=5, epsilon=0.0))
+    first = runtime.run_chunk(
+        ChunkRequest(run_id, 0, "CartPole-v1", 2, 5, seed=5, behaviour=EpsilonGreedy(0.0))
+    )
     assert first["chunks_done"] == 1 and client.xlen(keys.stream) == 1
     runtime.runs.get(run_id).writer = StopAfterTwo()
     summary = runtime.run_chunk(req)
@@ -194,7 +264,7 @@ def test_a_tasks_chunks_are_stored_when_it_returns_at_one_round_trip_each(
     runtime = WorkerRuntime(client, "w:1")
 
     def request(chunk_id: int, chunks: int) -> ChunkRequest:
-        return ChunkRequest(run_id, chunk_id, "CartPole-v1", 2, 5, seed=5, epsilon=0.0,
+        return ChunkRequest(run_id, chunk_id, "CartPole-v1", 2, 5, seed=5, behaviour=EpsilonGreedy(0.0),
                             sync="on-change", chunks=chunks)  # fmt: skip
 
     runtime.run_chunk(request(0, 1))  # builds the envs and fetches the weights

@@ -17,10 +17,10 @@ from clusterenv.learner.dqn.learning import DQNLearner
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.learner.run.ingest import Ingest
-from clusterenv.pipeline.chunks.stream import StreamReader, transition_specs
+from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
-from tests.bad_input import NUM_ACTIONS, OBS_SHAPE, POISON, bad_entry, entry
+from tests.bad_input import NUM_ACTIONS, OBS_SHAPE, POISON, SPACES, bad_entry, entry
 
 
 @st.composite
@@ -40,13 +40,12 @@ def ingest_all(redis_url: str, run_id: str, batch: list[tuple[dict[bytes, bytes]
     keys = RunKeys(run_id)
     client = connect(redis_url)
     reader = StreamReader(
-        connect(redis_url, blocking=True), keys, transition_specs(np.float32, OBS_SHAPE),
-        NUM_ACTIONS,
+        connect(redis_url, blocking=True), keys, SPACES,
     )  # fmt: skip
     replay = ReplayBuffer(1000, OBS_SHAPE, np.float32)
     dqn = DQNLearner(int(np.prod(OBS_SHAPE)), NUM_ACTIONS, DQNConfig(hidden="8"), replay,
                      RateLimiter(1.0, 1, 1e9), seed=0)  # fmt: skip
-    ingest = Ingest(reader, dqn.insert, lambda v: (0, 0))  # the learner's own insert
+    ingest = Ingest(reader, dqn.insert, lambda v: (0, 0), 30.0)  # the learner's own insert
     try:
         for fields, _ in batch:
             client.xadd(keys.stream, fields)

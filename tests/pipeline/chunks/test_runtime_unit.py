@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from clusterenv.pipeline.behaviour import Categorical, EpsilonGreedy
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.chunks.runtime import RunCache, RunState, collect_chunk, merge_summaries
@@ -84,11 +85,13 @@ def test_collect_chunk_writes_a_header_and_returns_the_summary():
     weights = FakeWeightClient(net(0), version=7, divergence=0.25)
     writer = FakeWriter()
     state = cartpole_state(weights, writer, num_envs=2)
-    req = ChunkRequest("run-x", 11, "CartPole-v1", 2, 15, seed=1, epsilon=0.0, sync="aps:0.25")
+    req = ChunkRequest(
+        "run-x", 11, "CartPole-v1", 2, 15, seed=1, behaviour=EpsilonGreedy(0.0), sync="aps:0.25"
+    )
     summary = collect_chunk(state, req, 11, "w1:42")
     state.close()
 
-    assert weights.syncs == [0.0]  # one sync check per chunk, with the chunk's epsilon
+    assert weights.syncs == [EpsilonGreedy(0.0)]  # one sync check per chunk, with its behaviour
     assert weights.steps_since_fetch == 30  # env steps recorded for interval rules
     assert len(writer.written) == 1
     header, arrays = writer.written[0]
@@ -128,20 +131,22 @@ def test_collect_chunk_writes_a_header_and_returns_the_summary():
 def test_collect_chunk_explores_with_epsilon_one():
     weights, writer = FakeWeightClient(net(0)), FakeWriter()
     state = cartpole_state(weights, writer, num_envs=4)
-    req = ChunkRequest("run-x", 0, "CartPole-v1", 4, 25, seed=1, epsilon=1.0)
+    req = ChunkRequest("run-x", 0, "CartPole-v1", 4, 25, seed=1, behaviour=EpsilonGreedy(1.0))
     collect_chunk(state, req, 0, "w")
     state.close()
     _, arrays = writer.written[0]
     greedy = NumpyMLP(net(0))(arrays["obs"]).argmax(axis=1)
     assert 0.3 < float((arrays["action"] != greedy).mean()) < 0.7  # uniform: half disagree
-    assert weights.syncs == [1.0]
+    assert weights.syncs == [EpsilonGreedy(1.0)]
 
 
 def test_collect_chunk_reports_each_chunk_of_a_run():
     weights, writer = FakeWeightClient(net(0), version=2), FakeWriter()
     state = cartpole_state(weights, writer, num_envs=2)
     for chunk_id in range(3):
-        req = ChunkRequest("run-x", chunk_id, "CartPole-v1", 2, 4, seed=1, epsilon=0.1)
+        req = ChunkRequest(
+            "run-x", chunk_id, "CartPole-v1", 2, 4, seed=1, behaviour=EpsilonGreedy(0.1)
+        )
         assert collect_chunk(state, req, chunk_id, "w")["chunk"] == chunk_id
     state.close()
     assert [h["chunk"] for h, _ in writer.written] == [0, 1, 2]
@@ -150,7 +155,9 @@ def test_collect_chunk_reports_each_chunk_of_a_run():
 
 
 def test_merge_summaries_sums_a_tasks_chunks_and_keeps_the_last_counters():
-    req = ChunkRequest("run-x", 8, "CartPole-v1", 2, 4, seed=1, epsilon=0.1, chunks=3)
+    req = ChunkRequest(
+        "run-x", 8, "CartPole-v1", 2, 4, seed=1, behaviour=EpsilonGreedy(0.1), chunks=3
+    )
     done = [
         {"chunk": 8 + i, "worker": "w", "steps": 8, "transitions": 7 + i, "episodes_finished": i,
          "policy_version": i, "bytes": 100, "version_checks": i + 1}
@@ -167,7 +174,7 @@ def test_merge_summaries_sums_a_tasks_chunks_and_keeps_the_last_counters():
 def test_collect_chunk_samples_the_categorical_policy_and_records_its_log_probs():
     weights, writer = FakeWeightClient(net(0)), FakeWriter()
     state = cartpole_state(weights, writer, num_envs=4)
-    req = ChunkRequest("run-x", 0, "CartPole-v1", 4, 50, seed=1, epsilon=0.0, policy="categorical")
+    req = ChunkRequest("run-x", 0, "CartPole-v1", 4, 50, seed=1, behaviour=Categorical())
     collect_chunk(state, req, 0, "w")
     state.close()
     _, arrays = writer.written[0]

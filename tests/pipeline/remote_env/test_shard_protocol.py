@@ -24,15 +24,8 @@ from clusterenv.pipeline.remote_env.messages import (
     pack,
     unpack,
 )
-from clusterenv.pipeline.remote_env.spaces import (
-    Rows,
-    from_leaves,
-    kind_of,
-    leaves,
-    restore,
-    space_from_tree,
-    space_to_tree,
-)
+from clusterenv.pipeline.remote_env.values import Rows, kind_of, restore
+from clusterenv.pipeline.spaces import from_leaves, leaves, space_from_tree, space_to_tree
 
 
 def test_packed_message_round_trip() -> None:

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.codec import encode_weights
 from clusterenv.pipeline.connect import connect
@@ -22,7 +23,7 @@ from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.sync.client import RedisWeightClient, WeightsRejected
 from clusterenv.pipeline.sync.rules import parse_sync
 from clusterenv.pipeline.sync.source import RedisWeightSource
-from tests.fakes import REF, net
+from tests.fakes import CARTPOLE, REF, net
 
 FEW = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -35,7 +36,7 @@ def _set(d: dict, key: str, value: np.ndarray) -> dict:
     return {**d, key: value}
 
 
-# A fine policy on its own, refused only against a held 4-input one.
+# A fine policy on its own, refused against the env's 4-value observations (and a held 4-input one).
 SIX_INPUTS = encode_weights(_set(net(0), "layers.0.weight", np.ones((16, 6), np.float32)))
 # Blobs no worker may act with: not safetensors at all, or safetensors that make no fitting policy.
 bad_blobs = st.one_of(
@@ -64,11 +65,11 @@ def corrupt_version(client, keys: RunKeys, version: int, blob: bytes) -> None:
 def test_a_bad_blob_is_counted_and_the_held_policy_kept(redis_url, blob):
     client, keys = connect(redis_url), RunKeys(f"bad-{uuid.uuid4().hex[:10]}")
     RedisWeightSource(client, keys).publish(net(0))
-    wc = RedisWeightClient(client, keys, parse_sync("on-change"))
-    held = wc.sync(0.1)
+    wc = RedisWeightClient(client, keys, parse_sync("on-change"), CARTPOLE.obs)
+    held = wc.sync(EpsilonGreedy(0.1))
     corrupt_version(client, keys, 1, blob)
-    assert wc.sync(0.1) is held and wc.version == 0
-    assert wc.sync(0.1) is held  # asked again next chunk, refused again
+    assert wc.sync(EpsilonGreedy(0.1)) is held and wc.version == 0
+    assert wc.sync(EpsilonGreedy(0.1)) is held  # asked again next chunk, refused again
     assert wc.counters.weights_rejected == 2
     ((reason, count),) = wc.rejected_reasons.items()
     assert reason.startswith("weights version 1: ") and count == 2
@@ -76,13 +77,13 @@ def test_a_bad_blob_is_counted_and_the_held_policy_kept(redis_url, blob):
 
 
 @FEW
-@given(blob=bad_blobs.filter(lambda b: b != SIX_INPUTS))
+@given(blob=bad_blobs)
 def test_a_bad_first_blob_is_a_named_error(redis_url, blob):
     client, keys = connect(redis_url), RunKeys(f"bad-{uuid.uuid4().hex[:10]}")
     corrupt_version(client, keys, 0, blob)
-    wc = RedisWeightClient(client, keys, parse_sync("on-change"))
+    wc = RedisWeightClient(client, keys, parse_sync("on-change"), CARTPOLE.obs)
     with pytest.raises(WeightsRejected, match="weights version 0: "):
-        wc.sync(0.1)
+        wc.sync(EpsilonGreedy(0.1))
     assert wc.counters.weights_rejected == 1 and wc.policy is None
     client.delete(keys.weights(0), keys.weights_latest)
 
@@ -101,13 +102,15 @@ def test_a_bad_probe_or_reference_is_counted_and_the_weights_fetched(redis_url, 
     source = RedisWeightSource(client, keys)
     source.publish_reference(REF)
     source.publish(net(0), NumpyMLP(net(0))(REF))
-    wc = RedisWeightClient(client, keys, parse_sync("aps:1000"))  # never fetches on divergence
-    wc.sync(0.1)
+    wc = RedisWeightClient(
+        client, keys, parse_sync("aps:1000"), CARTPOLE.obs
+    )  # never fetches on divergence
+    wc.sync(EpsilonGreedy(0.1))
     source.publish(net(1), NumpyMLP(net(1))(REF))
     key = keys.probe(1) if target == "probe" else keys.reference(0)
     client.delete(key)
     client.hset(key, mapping=fields)
-    wc.sync(0.1)
+    wc.sync(EpsilonGreedy(0.1))
     # Without a usable probe APS cannot measure divergence, so it fetches, as other rules would.
     assert wc.version == 1 and wc.counters.probes_rejected == 1
     assert len(wc.rejected_reasons) == 1
@@ -120,12 +123,12 @@ def test_a_non_finite_probe_is_refused(client, run_id):
     source = RedisWeightSource(client, keys)
     source.publish_reference(REF)
     source.publish(net(0), NumpyMLP(net(0))(REF))
-    wc = RedisWeightClient(client, keys, parse_sync("aps:1000"))
-    wc.sync(0.1)
+    wc = RedisWeightClient(client, keys, parse_sync("aps:1000"), CARTPOLE.obs)
+    wc.sync(EpsilonGreedy(0.1))
     q = NumpyMLP(net(1))(REF)
     q[3, 1] = np.nan  # NaN would compare below any tolerance: the worker would never fetch
     source.publish(net(1), q)
-    wc.sync(0.1)
+    wc.sync(EpsilonGreedy(0.1))
     assert wc.version == 1 and wc.counters.probes_rejected == 1
     assert list(wc.rejected_reasons) == [f"{keys.probe(1)}: non-finite values"]
 
@@ -136,7 +139,7 @@ def test_workers_refuse_a_bad_blob_and_serve_on(workers, celery_app, client, run
     good = RunKeys(f"{run_id}-good")
     RedisWeightSource(client, good).publish(net(0))
     for rid in (keys.run_id, good.run_id):
-        req = ChunkRequest(rid, 0, "CartPole-v1", 2, 5, seed=1, epsilon=0.5)
+        req = ChunkRequest(rid, 0, "CartPole-v1", 2, 5, seed=1, behaviour=EpsilonGreedy(0.5))
         celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
     deadline = time.monotonic() + 30
     while client.xlen(good.stream) == 0:

@@ -3,39 +3,38 @@
 import numpy as np
 import pytest
 
+from clusterenv.pipeline.behaviour import BEHAVIOURS, Categorical, EpsilonGreedy
 from clusterenv.pipeline.policy import log_softmax
-from clusterenv.pipeline.sync.divergence import (
-    DIVERGENCES,
-    behaviour_probs,
-    categorical_kl,
-    kl,
-    measure_name,
-    tv,
-    value,
-)
+from clusterenv.pipeline.sync.divergence import behaviour_probs, categorical_kl, kl, tv, value
 
 RNG = np.random.default_rng(0)
 Q = RNG.normal(size=(256, 3)).astype(np.float32) + 5.0
 
 
-MEASURES = [(kind, name) for kind, table in DIVERGENCES.items() for name in table]
+# Every measure of every kind, with the kind's parameters (ε-greedy at three ε).
+BEHAVIOURS_AT = {
+    "epsilon_greedy": [EpsilonGreedy(0.0), EpsilonGreedy(0.04), EpsilonGreedy(0.5)],
+    "categorical": [Categorical()],
+}
+MEASURES = [(b, name) for kind in BEHAVIOURS for b in BEHAVIOURS_AT[kind] for name in b.DIVERGENCES]
 
 
-@pytest.mark.parametrize(("kind", "name"), MEASURES)
-@pytest.mark.parametrize("eps", [0.0, 0.04, 0.5])
-def test_zero_for_identical_and_positive_after_a_change(kind, name, eps):
-    measure = DIVERGENCES[kind][name]
-    assert measure(Q, Q.copy(), eps) == 0.0
+@pytest.mark.parametrize(("behaviour", "name"), MEASURES)
+def test_zero_for_identical_and_positive_after_a_change(behaviour, name):
+    assert behaviour.divergence(name, Q, Q.copy()) == 0.0
     changed = Q.copy()
     changed[:64] = changed[:64, ::-1]  # a quarter of the states change their greedy action
-    assert measure(Q, changed, eps) > 0.0
+    assert behaviour.divergence(name, Q, changed) > 0.0
 
 
-@pytest.mark.parametrize(("kind", "name"), MEASURES)
-def test_mean_reduced_per_state(kind, name):
+@pytest.mark.parametrize(
+    ("behaviour", "name"),
+    [(b, n) for b in (EpsilonGreedy(0.1), Categorical()) for n in b.DIVERGENCES],
+)
+def test_mean_reduced_per_state(behaviour, name):
     other = Q + RNG.normal(scale=1.0, size=Q.shape).astype(np.float32)
-    one = DIVERGENCES[kind][name](Q, other, 0.1)
-    tiled = DIVERGENCES[kind][name](np.tile(Q, (8, 1)), np.tile(other, (8, 1)), 0.1)
+    one = behaviour.divergence(name, Q, other)
+    tiled = behaviour.divergence(name, np.tile(Q, (8, 1)), np.tile(other, (8, 1)))
     assert tiled == pytest.approx(one, rel=1e-12)
 
 
@@ -67,16 +66,16 @@ def test_categorical_kl_is_the_softmax_kl_by_hand():
     learner, worker = np.array([[0.0, 1.0, 2.0]]), np.array([[1.0, 0.0, 0.0]])
     p = np.exp(learner[0]) / np.exp(learner[0]).sum()
     q = np.exp(worker[0]) / np.exp(worker[0]).sum()
-    assert categorical_kl(learner, worker, 0.0) == pytest.approx(float((p * np.log(p / q)).sum()))
+    assert categorical_kl(learner, worker) == pytest.approx(float((p * np.log(p / q)).sum()))
     # Logits are only defined up to a constant per state: shifting them changes nothing.
-    assert categorical_kl(learner + 7.0, worker - 3.0, 0.0) == pytest.approx(
-        categorical_kl(learner, worker, 0.0)
+    assert categorical_kl(learner + 7.0, worker - 3.0) == pytest.approx(
+        categorical_kl(learner, worker)
     )
     assert np.allclose(np.exp(log_softmax(learner)).sum(1), 1.0)
 
 
 def test_measure_defaults_follow_the_policy_kind():
-    assert measure_name("epsilon_greedy", None) == "value"
-    assert measure_name("categorical", None) == "kl"
+    assert EpsilonGreedy.measure(None) == "value"
+    assert Categorical.measure(None) == "kl"
     with pytest.raises(ValueError, match="does not apply to categorical"):
-        measure_name("categorical", "value")
+        Categorical.measure("value")

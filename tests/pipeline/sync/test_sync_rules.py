@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from clusterenv.pipeline.behaviour import Categorical, EpsilonGreedy
+from clusterenv.pipeline.codec import ArraySpec, decode_chunk
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.sync.client import RedisWeightClient
 from clusterenv.pipeline.sync.rules import Aps, parse_sync
 from clusterenv.pipeline.sync.source import RedisWeightSource
-from tests.fakes import REF, net
+from tests.fakes import CARTPOLE, REF, net
 
 
 class Learner:
@@ -28,7 +31,7 @@ class Learner:
 
 def client_for(client, run_id, spec):
     return RedisWeightClient(
-        client, RunKeys(run_id), parse_sync(spec) if isinstance(spec, str) else spec
+        client, RunKeys(run_id), parse_sync(spec) if isinstance(spec, str) else spec, CARTPOLE.obs
     )
 
 
@@ -38,7 +41,7 @@ def test_on_change_fetches_each_seen_version_once(client, run_id):
     for v in range(5):
         learner.publish(net(v))
         for _ in range(3):  # several chunks per version: only the first one fetches
-            wc.sync(0.1)
+            wc.sync(EpsilonGreedy(0.1))
             if not fetched or fetched[-1] != wc.version:
                 fetched.append(wc.version)
     assert fetched == [0, 1, 2, 3, 4]
@@ -50,7 +53,7 @@ def test_always_fetches_every_chunk(client, run_id):
     learner, wc = Learner(client, run_id), client_for(client, run_id, "always")
     learner.publish(net(0))
     for _ in range(4):
-        wc.sync(0.1)
+        wc.sync(EpsilonGreedy(0.1))
     assert wc.counters.weight_fetches == 4
     assert wc.counters.weight_bytes == 4 * learner.blobs[0]
 
@@ -58,11 +61,11 @@ def test_always_fetches_every_chunk(client, run_id):
 def test_interval_respects_n(client, run_id):
     learner, wc = Learner(client, run_id), client_for(client, run_id, "interval:1000")
     learner.publish(net(0))
-    wc.sync(0.1)
+    wc.sync(EpsilonGreedy(0.1))
     for step in range(1, 6):
         learner.publish(net(step))
         wc.record_steps(256)
-        wc.sync(0.1)
+        wc.sync(EpsilonGreedy(0.1))
         expected_version = 0 if 256 * step < 1000 else 4
         assert wc.version == expected_version, step
     assert wc.counters.weight_fetches == 2  # the first, then once 1024 >= 1000 steps had passed
@@ -71,12 +74,12 @@ def test_interval_respects_n(client, run_id):
 def test_aps_skips_identical_weights_and_fetches_a_changed_policy(client, run_id):
     learner, wc = Learner(client, run_id), client_for(client, run_id, "aps:0.01")
     learner.publish(net(0))
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     learner.publish(net(0))  # a new version with the same weights
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     assert wc.version == 0 and wc.last_divergence == 0.0
     learner.publish(net(7))
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     assert wc.version == 2 and wc.last_divergence > 0.01
     assert wc.counters.weight_fetches == 2
 
@@ -86,7 +89,7 @@ def stale_client(client, run_id: str, spec: str) -> RedisWeightClient:
     learner = Learner(client, run_id)
     learner.publish(net(0))
     wc = client_for(client, run_id, spec)
-    wc.sync(0.0)  # a client's first sync always fetches
+    wc.sync(EpsilonGreedy(0.0))  # a client's first sync always fetches
     learner.publish(net(3))
     assert wc.version == 0
     return wc
@@ -94,23 +97,23 @@ def stale_client(client, run_id: str, spec: str) -> RedisWeightClient:
 
 def test_aps_tolerance_decides(client, run_id):
     measured = stale_client(client, f"{run_id}-measured", "aps:0")
-    d = measured.divergence_to(1, 0.0, "value")
+    d = measured.divergence_to(1, EpsilonGreedy(0.0), "value")
     assert d is not None and d > 0
     for i, (tol, fetch) in enumerate([(d * 0.5, True), (d * 2, False)]):
         wc = stale_client(client, f"{run_id}-{i}", f"aps:{tol}")  # same weights, same probes
-        wc.sync(0.0)
+        wc.sync(EpsilonGreedy(0.0))
         assert (wc.version == 1) is fetch, tol
 
 
 def test_an_evicted_version_forces_a_fetch(client, run_id):
     learner, wc = Learner(client, run_id), client_for(client, run_id, "aps:0.5")
     learner.publish(net(0))
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     learner.publish(net(0))
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     assert wc.version == 0
     client.delete(RunKeys(run_id).weights(0))  # retention dropped the worker's version
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     assert wc.version == 1
 
 
@@ -126,11 +129,11 @@ def test_max_lag_guard_fires(client, run_id):
     learner = Learner(client, run_id)
     wc = client_for(client, run_id, Aps(tolerance=1.0, max_lag_versions=3))
     learner.publish(net(0))
-    wc.sync(0.0)
+    wc.sync(EpsilonGreedy(0.0))
     versions = []
     for _ in range(6):
         learner.publish(net(0))  # identical weights: divergence alone would never fetch
-        wc.sync(0.0)
+        wc.sync(EpsilonGreedy(0.0))
         versions.append(wc.version)
     assert versions == [0, 0, 3, 3, 3, 6]
 
@@ -140,11 +143,11 @@ def test_byte_counters_equal_what_the_server_sent(client, run_id):
     learner.publish(net(0))
     wc = client_for(client, run_id, "aps:0")
     out0 = int(client.info("stats")["total_net_output_bytes"])
-    wc.sync(0.0)  # first fetch: weights only
+    wc.sync(EpsilonGreedy(0.0))  # first fetch: weights only
     assert wc.version == 0
     learner.publish(net(5))
     learner.publish(net(9))  # the worker, holding v0, is now two versions behind
-    wc.sync(0.0)  # probe + reference + weights
+    wc.sync(EpsilonGreedy(0.0))  # probe + reference + weights
     out1 = int(client.info("stats")["total_net_output_bytes"])
     assert wc.version == 2
     counted = wc.counters.weight_bytes + wc.counters.probe_bytes
@@ -168,10 +171,10 @@ def test_bad_specs_are_refused(spec):
 def test_the_sync_check_sees_a_stopped_run_in_the_same_round_trip(client, run_id):
     learner, wc = Learner(client, run_id), client_for(client, run_id, "on-change")
     learner.publish(net(0))
-    assert wc.sync(0.1) is not None and not wc.run_stopped
+    assert wc.sync(EpsilonGreedy(0.1)) is not None and not wc.run_stopped
     client.set(RunKeys(run_id).stop, 1)
     learner.publish(net(1))
-    assert wc.sync(0.1) is None and wc.run_stopped
+    assert wc.sync(EpsilonGreedy(0.1)) is None and wc.run_stopped
     assert wc.version == 0 and wc.counters.weight_fetches == 1  # nothing fetched once stopped
 
 
@@ -182,18 +185,18 @@ def test_categorical_aps_measures_the_policies_kl_on_the_probe(client, run_id):
 
     learner = Learner(client, run_id)
     learner.publish(net(0))
-    rule = parse_sync("aps:0.01", policy="categorical")
+    rule = parse_sync("aps:0.01", kind=Categorical)
     assert rule == Aps(0.01, "kl")
-    wc = RedisWeightClient(client, RunKeys(run_id), rule, kind="categorical")
-    wc.sync(0.0)
+    wc = RedisWeightClient(client, RunKeys(run_id), rule, CARTPOLE.obs)
+    wc.sync(Categorical())
     learner.publish(net(0))  # the same weights as a new version: nothing to fetch
-    assert wc.divergence_to(1, 0.0, "kl") == 0.0
-    wc.sync(0.0)
+    assert wc.divergence_to(1, Categorical(), "kl") == 0.0
+    wc.sync(Categorical())
     assert wc.version == 0 and wc.last_divergence == 0.0
     learner.publish(net(3))
-    expected = categorical_kl(NumpyMLP(net(3))(REF), NumpyMLP(net(0))(REF), 0.0)
-    assert wc.divergence_to(2, 0.0, "kl") == pytest.approx(expected) and expected > 0.01
-    wc.sync(0.0)
+    expected = categorical_kl(NumpyMLP(net(3))(REF), NumpyMLP(net(0))(REF))
+    assert wc.divergence_to(2, Categorical(), "kl") == pytest.approx(expected) and expected > 0.01
+    wc.sync(Categorical())
     assert wc.version == 2  # past the tolerance: fetched
 
 
@@ -202,15 +205,15 @@ def test_aps_reads_a_versions_probe_once_while_it_stays_behind_it(client, run_id
     re-measures only when a newer version (or its own fetch) changes the question."""
     learner = Learner(client, run_id)
     learner.publish(net(0))
-    wc = RedisWeightClient(client, RunKeys(run_id), Aps(1e9, "kl"), kind="categorical")
-    wc.sync(0.0)
+    wc = RedisWeightClient(client, RunKeys(run_id), Aps(1e9, "kl"), CARTPOLE.obs)
+    wc.sync(Categorical())
     learner.publish(net(3))
     for _ in range(4):
-        wc.sync(0.0)
+        wc.sync(Categorical())
         assert wc.version == 0 and wc.last_divergence > 0
     assert wc.counters.probe_fetches == 2  # version 1's probe and the reference batch, once
     learner.publish(net(4))
-    wc.sync(0.0)
+    wc.sync(Categorical())
     assert wc.counters.probe_fetches == 3  # a newer version: its probe (same reference states)
     assert wc.counters.probe_bytes == sum(
         len(k) + len(v)
@@ -221,3 +224,37 @@ def test_aps_reads_a_versions_probe_once_while_it_stays_behind_it(client, run_id
         )
         for k, v in client.hgetall(key).items()
     )
+
+
+def test_uint8_reference_states_reach_the_worker_as_observed(client, run_id):
+    """The learner's publisher stores reference states from its pool in the observation's own dtype
+    and shape (a uint8 frame stays a uint8 frame), and an APS worker reads them so: its divergence
+    is the one measured on exactly those states."""
+    from clusterenv.learner.config import WeightSyncConfig
+    from clusterenv.learner.run.publisher import Publisher, ReferencePool
+
+    shape, rng = (10, 10, 4), np.random.default_rng(0)
+    frames = rng.integers(0, 256, (80, *shape), dtype=np.uint8)
+    pool = ReferencePool(100, shape, np.dtype(np.uint8))
+    pool.add(frames)
+    keys = RunKeys(run_id)
+    source = RedisWeightSource(client, keys)
+    publisher = Publisher(source, pool, WeightSyncConfig(reference_size=8), rng)
+
+    def weights(seed: int) -> dict[str, np.ndarray]:
+        w = np.random.default_rng(seed).normal(size=(3, 400)).astype(np.float32) / 400
+        return {"layers.0.weight": w, "layers.0.bias": np.zeros(3, np.float32)}
+
+    publisher.publish(weights(0), updates=0)
+    assert source.reference.dtype == np.uint8 and source.reference.shape == (8, *shape)
+    obs = ArraySpec("|u1", shape)
+    _, stored = decode_chunk(client.hgetall(keys.reference(0)), {"obs": obs})
+    np.testing.assert_array_equal(stored["obs"], source.reference)
+
+    wc = RedisWeightClient(client, keys, Aps(1e9, "value"), obs)
+    wc.sync(EpsilonGreedy(0.0))
+    publisher.publish(weights(1), updates=1)
+    wc.sync(EpsilonGreedy(0.0))
+    learner, worker = NumpyMLP(weights(1))(source.reference), NumpyMLP(weights(0))(source.reference)
+    assert wc.counters.probes_rejected == 0 and wc.version == 0
+    assert wc.last_divergence == EpsilonGreedy(0.0).divergence("value", learner, worker) > 0

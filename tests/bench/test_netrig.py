@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from tests.netrig import PROXY_PORT, NetRig
+from bench.netrig import PROXY_PORT, NetRig
 
 # Run inside a host namespace: times PINGs and one SET of a 1 MB value through the broker URL.
 PROBE = """

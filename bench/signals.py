@@ -1,4 +1,4 @@
-"""Child processes that see stop signals as a terminal sends them."""
+"""Child processes that see stop signals as a terminal sends them (the rig's processes, CLIs under test)."""
 
 from __future__ import annotations
 

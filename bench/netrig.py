@@ -19,7 +19,7 @@ and a random part, so two rigs never share a name.
   namespaces, and returns what it had to kill beyond its own groups (a test asserts it is empty).
 
 Tests and benchmarks import it (`with NetRig(workers=4) as rig: ...`); the pytest fixture is
-`net_rig` in tests/conftest.py. `python -m tests.netrig proxy ...` is the proxy process itself.
+`net_rig` in tests/conftest.py. `python -m bench.netrig proxy ...` is the proxy process itself.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from clusterenv.pipeline.cluster.embedded import LocalWorkers, _die_with_parent
-from tests.signals import default_stop_signals
+from bench.signals import default_stop_signals
+from clusterenv.pipeline.cluster.embedded import LocalWorkers, die_with_parent
 
 
 def _child_setup() -> None:
     """preexec_fn: the child dies with this process and sees SIGINT as a terminal sends it (a test
     stops a learner with SIGINT even when pytest itself runs in the background)."""
-    _die_with_parent()
+    die_with_parent()
     default_stop_signals()
 
 
@@ -228,7 +228,7 @@ class NetRig:
         if self._proxy is not None:
             _kill_group(self._proxy)
         self.one_way_ms = one_way_ms
-        argv = [sys.executable, "-m", "tests.netrig", "proxy", self.broker.addr, str(PROXY_PORT),
+        argv = [sys.executable, "-m", "bench.netrig", "proxy", self.broker.addr, str(PROXY_PORT),
                 "127.0.0.1", str(REDIS_PORT), str(one_way_ms)]  # fmt: skip
         self._proxy = self.popen(self.broker, argv, stdout=subprocess.PIPE)
         assert self._proxy.stdout is not None
