@@ -3,18 +3,15 @@
 Workers on any machine read the broker from CLUSTERENV_REDIS_URL:
     CLUSTERENV_REDIS_URL=redis://HOST:6379/0 celery -A clusterenv.tasks worker --loglevel=INFO
 A password, ACL user and TLS options travel in that URL (docs/operations.md).
+
+Settings only: literals and the environment. What follows from clusterenv's own names and the
+broker URL (TLS verified for rediss://, the collection and evaluation queues, the evaluation
+task's route) is set on the app once these are loaded (pipeline/cluster/celery_client.configure).
 """
 
 import os
 
-from kombu import Queue
-
-from clusterenv.pipeline.connect import celery_ssl
-from clusterenv.pipeline.evaluation.request import EVALUATE_TASK
-from clusterenv.pipeline.keys import COLLECT_QUEUE, EVAL_QUEUE
-
 broker_url = os.environ.get("CLUSTERENV_REDIS_URL", "redis://127.0.0.1:6379/0")
-broker_use_ssl = celery_ssl(broker_url)
 # Results travel in task events (Flower shows them); nothing waits on a result backend.
 task_ignore_result = True
 
@@ -23,11 +20,6 @@ task_serializer = "json"
 result_serializer = "json"
 accept_content = ["json"]
 event_serializer = "json"
-
-# Collection on Celery's default queue, evaluation on its own; a worker without -Q takes both.
-task_default_queue = COLLECT_QUEUE
-task_queues = (Queue(COLLECT_QUEUE), Queue(EVAL_QUEUE))
-task_routes = {EVALUATE_TASK: {"queue": EVAL_QUEUE}}
 
 
 # A worker process that dies mid-task is the learner's to replace, not the broker's: it writes a

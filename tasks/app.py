@@ -1,4 +1,5 @@
-"""The Celery app: settings from `celeryconfig`, plus a heartbeat so the learner sees live workers."""
+"""The Celery app: clusterenv's settings (`celeryconfig` and what follows from them), plus a
+heartbeat so the learner sees live workers."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from celery import Celery, bootsteps
 
+from clusterenv.pipeline.cluster.celery_client import configure
 from clusterenv.pipeline.cluster.heartbeat import Heartbeat
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.connect import connect
@@ -16,7 +18,7 @@ app = Celery(
     "clusterenv",
     include=["clusterenv.tasks.collect", "clusterenv.tasks.evaluate", "clusterenv.tasks.env_shard"],
 )
-app.config_from_object("clusterenv.celeryconfig")
+configure(app)
 
 
 class JsonResult:
