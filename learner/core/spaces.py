@@ -10,7 +10,8 @@ import gymnasium as gym
 def env_spaces(
     env_id: str, env_kwargs: dict[str, Any]
 ) -> tuple[gym.spaces.Box, gym.spaces.Discrete, float | None]:
-    """Observation space, action space and reward threshold; ValueError if unusable for DQN."""
+    """Observation space, action space and reward threshold; ValueError if no agent here can
+    train on them (DQN and PPO take Discrete actions numbered from 0 and Box observations)."""
     try:
         env = gym.make(env_id, **env_kwargs)
     except gym.error.Error as exc:
@@ -21,8 +22,13 @@ def env_spaces(
         obs_space, act_space = env.observation_space, env.action_space
         if not isinstance(act_space, gym.spaces.Discrete):
             raise ValueError(
-                f"--env {env_id!r}: DQN needs a Discrete action space, not {act_space}"
+                f"--env {env_id!r}: the agents (dqn, ppo) need a Discrete action space, "
+                f"not {act_space}"
             )
+        if int(act_space.start) != 0:
+            # The agents index their outputs by the action itself (Q-values, logits).
+            raise ValueError(f"--env {env_id!r}: the agents need Discrete actions numbered from "
+                             f"0, not {act_space}")  # fmt: skip
         if not isinstance(obs_space, gym.spaces.Box):
             raise ValueError(f"--env {env_id!r}: needs a Box observation space, not {obs_space}")
         return obs_space, act_space, env.spec.reward_threshold if env.spec else None

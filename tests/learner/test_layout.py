@@ -1,13 +1,17 @@
 """The learner's rooms keep their arrows one way: no agent imports another, the run reaches the
 agents only through learner/agents.py, and nothing in learner/ talks to Redis but through the
-roles of pipeline/roles.py."""
+roles of pipeline/roles.py. And what the agents can train on is refused by name otherwise."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
+
+from clusterenv.learner.core.spaces import env_spaces
 
 LEARNER = Path(__file__).resolve().parents[2] / "learner"
 AGENTS = ("dqn", "ppo")
@@ -57,3 +61,18 @@ def test_the_layout_has_the_rooms_the_architecture_names():
     too_long = [(str(p.relative_to(LEARNER)), n) for p in LEARNER.rglob("*.py")
                 if (n := len(p.read_text().splitlines())) > 400]  # fmt: skip
     assert not too_long, f"modules over 400 lines: {too_long}"
+
+
+class ShiftedActions(gym.Env):
+    """CartPole's observation, with actions numbered from 1."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2, start=1)
+
+
+def test_an_env_the_agents_cannot_train_on_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"'Pendulum-v1': the agents \(dqn, ppo\) need a Discrete"):
+        env_spaces("Pendulum-v1", {})
+    gym.register("clusterenv-test/Shifted-v0", ShiftedActions)
+    with pytest.raises(ValueError, match="Discrete actions numbered from 0"):
+        env_spaces("clusterenv-test/Shifted-v0", {})
