@@ -13,15 +13,13 @@ which tests/pipeline/test_broker_roles.py holds to the same behaviour as their R
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 from clusterenv.pipeline.behaviour import Behaviour
 from clusterenv.pipeline.policy import NumpyMLP
-
-if TYPE_CHECKING:  # stream.py imports `Sink` from here
-    from clusterenv.pipeline.chunks.stream import IngestStats
 
 Sink = Callable[[dict[str, Any], dict[str, np.ndarray]], None]
 # How the learner's dispatch and evaluation send a task: (task name, JSON kwargs).
@@ -82,6 +80,18 @@ class TransitionWriter(Protocol):
     trip (pipeline/outbox.py); returns the bytes it makes."""
 
     def write(self, header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> int: ...
+
+
+@dataclass
+class IngestStats:
+    """What a TransitionReader has done with the chunks it read, cumulative."""
+
+    chunks: int = 0
+    transitions: int = 0
+    duplicates: int = 0
+    claimed: int = 0
+    rejected: int = 0
+    rejected_reasons: dict[str, int] = field(default_factory=dict)
 
 
 class TransitionReader(Protocol):

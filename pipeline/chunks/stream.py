@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,7 @@ import redis
 from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk, encode_chunk
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.outbox import Outbox
-from clusterenv.pipeline.roles import Sink
+from clusterenv.pipeline.roles import IngestStats, Sink
 from clusterenv.pipeline.spaces import ActionSpec, SpaceSpecs
 
 log = logging.getLogger(__name__)
@@ -57,16 +56,6 @@ def transition_specs(
         "env_index": ArraySpec("<i4", ()),
         **(extra or {}),
     }
-
-
-@dataclass
-class IngestStats:
-    chunks: int = 0
-    transitions: int = 0
-    duplicates: int = 0
-    claimed: int = 0
-    rejected: int = 0
-    rejected_reasons: dict[str, int] = field(default_factory=dict)
 
 
 def check_content(

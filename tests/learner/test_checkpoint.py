@@ -31,7 +31,8 @@ from clusterenv.learner.persistence.resume import (
 )
 from clusterenv.learner.run.ingest import Arrival
 from clusterenv.learner.run.loop import Run
-from tests.fakes import FakeClock, FakeCluster
+from tests.fakes import FakeClock
+from tests.inprocess import FakeCluster
 
 
 def make_run(tmp_path: Path, checkpoint_replay: bool = True, seed: int = 0,

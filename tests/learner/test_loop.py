@@ -13,7 +13,7 @@ from clusterenv.learner.persistence.resume import Resumed
 from clusterenv.learner.run.loop import Run
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK
 from clusterenv.pipeline.evaluation.request import EVALUATE_TASK
-from tests.fakes import FakeCluster
+from tests.inprocess import FakeCluster
 
 CHUNK = 8 * 32  # the default chunk: 8 envs x 32 steps
 

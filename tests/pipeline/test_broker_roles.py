@@ -20,14 +20,13 @@ from clusterenv.pipeline.cluster.status_board import RedisStatusBoard
 from clusterenv.pipeline.connect import BROKER_ERRORS, broker_gone, connect
 from clusterenv.pipeline.evaluation.results import RedisEvalResults
 from clusterenv.pipeline.keys import RUN_KEYS_TTL_S, RunKeys
-from tests.fakes import (
-    CARTPOLE,
+from tests.fakes import CARTPOLE, url_of
+from tests.inprocess import (
     FakeEvalResults,
     FakeRunFlags,
     FakeStatusBoard,
     FakeTransitions,
     FakeWorkerDirectory,
-    url_of,
 )
 
 SIDES = ["fake", "redis"]

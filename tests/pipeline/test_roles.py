@@ -34,17 +34,19 @@ from clusterenv.pipeline.sync.rules import Always, Aps, Interval, OnChange
 from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import (
     CARTPOLE,
-    FakeEvalResults,
-    FakeRunFlags,
-    FakeStatusBoard,
     FakeSyncState,
-    FakeTransitions,
     FakeWeightClient,
     FakeWeightSource,
-    FakeWorkerDirectory,
     FakeWriter,
     FlakyReader,
     net,
+)
+from tests.inprocess import (
+    FakeEvalResults,
+    FakeRunFlags,
+    FakeStatusBoard,
+    FakeTransitions,
+    FakeWorkerDirectory,
 )
 
 KEYS = RunKeys("roles")
