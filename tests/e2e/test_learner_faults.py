@@ -22,7 +22,7 @@ from clusterenv.learner.persistence.resume import published_version
 from clusterenv.learner.run.metrics import read_metrics
 from clusterenv.learner.tools.cli import main
 from clusterenv.pipeline.keys import RunKeys
-from tests.e2e.test_train_cli import (
+from tests.e2e.cli_runs import (
     Tree,
     assert_no_survivors,
     only_run_dir,

@@ -9,102 +9,27 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 import typing
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 
-from bench.signals import default_stop_signals
 from clusterenv.learner.run.metrics import read_metrics
 from clusterenv.pipeline.cluster.embedded import LocalWorkers
 from clusterenv.pipeline.sync.rules import DEFAULT_SYNC
-from tests.servers import PrivateRedis
+from tests.e2e.cli_runs import (
+    CLI,
+    Tree,
+    assert_no_survivors,
+    only_run_dir,
+    run_with_broker_fault,
+    start_cli,
+    wait_watching,
+)
 from tests.tfevents import read_scalars
-
-CLI = [sys.executable, "-m", "clusterenv.learner.tools.cli"]
-
-
-def marked_processes(mark: str) -> list[psutil.Process]:
-    """Live processes whose environment carries `mark` (the CLI's children inherit it)."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if (
-                proc.environ().get("CLUSTERENV_TEST_MARK") == mark
-                and proc.status() != psutil.STATUS_ZOMBIE
-            ):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
-
-
-class Tree:
-    """Every process seen below the CLI while it ran (the server rewrites its environ, so the
-    mark alone would miss it)."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.root = psutil.Process(proc.pid)
-        self.seen: dict[int, psutil.Process] = {}
-
-    def look(self) -> None:
-        try:
-            for child in self.root.children(recursive=True):
-                self.seen.setdefault(child.pid, child)
-        except psutil.NoSuchProcess:
-            pass
-
-    def names(self) -> list[str]:
-        return [p.name() for p in self.seen.values() if p.is_running()]
-
-    def alive(self) -> list[int]:
-        return [
-            pid
-            for pid, p in self.seen.items()
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        ]
-
-
-def wait_watching(proc: subprocess.Popen, tree: Tree, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while proc.poll() is None:
-        assert time.monotonic() < deadline, "run did not finish in time"
-        tree.look()
-        time.sleep(0.2)
-    return proc.stderr.read()
-
-
-def start_cli(args: list[str], mark: str) -> subprocess.Popen:
-    env = {**os.environ, "CLUSTERENV_TEST_MARK": mark}
-    return subprocess.Popen(
-        CLI + args,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=default_stop_signals,
-    )
-
-
-def only_run_dir(parent: Path) -> Path:
-    (run_dir,) = [p for p in parent.iterdir() if p.is_dir()]
-    return run_dir
-
-
-def assert_no_survivors(mark: str, tree: Tree, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (marked_processes(mark) or tree.alive()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    left = {p.pid for p in marked_processes(mark)} | set(tree.alive())
-    for pid in left:  # never leave them running, even when failing
-        psutil.Process(pid).kill()
-    assert not left, f"processes left behind: {left}"
 
 
 @pytest.mark.slow
@@ -160,123 +85,6 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
         out = subprocess.run(CLI + ["eval", str(target), "--episodes", "2"], capture_output=True,
                              text=True, timeout=120)  # fmt: skip
         assert out.returncode == 0 and "over 2 episodes" in out.stdout, out.stderr
-
-
-@pytest.mark.slow
-def test_evaluation_runs_on_the_workers_not_in_the_learner(tmp_path):
-    steppers = tmp_path / "steppers.txt"
-    proc = start_cli(
-        ["train", "--env", "tests.e2e.step_recorder:StepRecorder-v0",
-         "--env-kwargs", json.dumps({"log_path": str(steppers)}), "--total-steps", "3000",
-         "--eval-every", "1000", "--eval-episodes", "4", "--workers", "2",
-         "--status-every-s", "0.5", "--run-dir", str(tmp_path / "runs")], uuid.uuid4().hex,
-    )  # fmt: skip
-    _, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, err
-    assert "status: steps " in err and " steps/s " in err  # no terminal: periodic status lines
-    rows = read_metrics(only_run_dir(tmp_path / "runs") / "metrics.jsonl")
-    assert len(rows) >= 3, rows  # evaluations came back and were recorded
-    for row in rows:
-        assert row["eval/policy_version"] <= row["learner/policy_version"]
-        assert row["eval/latency_s"] >= 0
-    pids = {int(line) for line in steppers.read_text().split()}
-    assert pids and proc.pid not in pids, pids  # envs were stepped, never by the learner
-
-
-def slow_eval_args(tmp_path: Path, log: Path, eval_delay_s: float, workers: int = 2) -> list[str]:
-    env_kwargs = {"log_path": str(log), "delay_s": 0.002, "eval_delay_s": eval_delay_s}
-    return ["train", "--env", "tests.e2e.step_recorder:SlowEval-v0", "--env-kwargs",
-            json.dumps(env_kwargs), "--chunk-steps", "8", "--eval-every", "500",
-            "--eval-episodes", "2", "--target-return", "1e9", "--workers", str(workers),
-            "--run-dir", str(tmp_path / "runs")]  # fmt: skip
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("workers", [2, 1])  # 1: the one collecting worker is never taken away
-def test_chunks_keep_arriving_while_the_workers_evaluate(tmp_path, workers):
-    # A chunk takes 8 envs x 8 steps x 2 ms; an evaluation step 2 envs x 20 ms.
-    args = slow_eval_args(tmp_path, tmp_path / "evals.txt", eval_delay_s=0.02, workers=workers)
-    proc = start_cli([*args, "--total-steps", "3000"], uuid.uuid4().hex)
-    _, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, err
-    rows = read_metrics(only_run_dir(tmp_path / "runs") / "metrics.jsonl")
-    # The last evaluation comes after the budget is spent, when no chunk is due any more.
-    long = [r for r in rows[:-1] if r["eval/latency_s"] > 1.0]
-    assert long, [r["eval/latency_s"] for r in rows]
-    # A chunk takes ~0.2 s: a second of evaluation leaves room for several (the learner's rate
-    # limiter may hold some back). A lone worker taken away for the evaluation delivers only the
-    # chunk it was collecting when asked: 1 in every such row with `--eval-workers 0`.
-    assert all(r["eval/chunks_meanwhile"] >= 2 for r in long), rows
-
-
-@pytest.mark.slow
-def test_a_worker_lost_during_an_evaluation_does_not_hang_the_run(tmp_path):
-    log, mark = tmp_path / "evals.txt", uuid.uuid4().hex
-    # An evaluation takes at most 200 steps x 2 envs x 20 ms = 8 s; the timeout is far above the
-    # test's own 240 s: the evaluation must be given up because its worker's heartbeat lapsed.
-    args = slow_eval_args(tmp_path, log, eval_delay_s=0.02)
-    proc = start_cli(
-        [*args, "--total-steps", "3000", "--eval-timeout-s", "3600", "--lost-after-s", "5"], mark
-    )
-    tree = Tree(proc)
-    deadline = time.monotonic() + 120
-    while not log.exists() or not log.read_text().strip():
-        assert proc.poll() is None and time.monotonic() < deadline, "no evaluation started"
-        time.sleep(0.05)
-    tree.look()
-    victim = int(log.read_text().split()[0])  # a worker of this CLI, in an evaluation now
-    assert victim in {p.pid for p in tree.seen.values()}
-    os.killpg(victim, signal.SIGKILL)
-    err = wait_watching(proc, tree, 240)
-    assert proc.returncode == 0, err
-    assert "is gone; given up" in err  # abandoned when its worker went, not at the timeout
-    rows = read_metrics(only_run_dir(tmp_path / "runs") / "metrics.jsonl")
-    assert rows and rows[-1]["env_steps"] >= 3000  # later evaluations came back
-    assert_no_survivors(mark, tree)
-
-
-@pytest.mark.slow
-def test_an_evaluation_that_outlasts_its_timeout_is_given_up(tmp_path):
-    # A CartPole episode lasts at least 8 steps (whatever the actions), so an evaluation takes at
-    # least 8 steps x 2 envs x 300 ms = 4.8 s against its timeout of 3 s; the worker stays alive,
-    # so only the timeout can end the wait. (50 ms a step failed once in CI: short episodes.)
-    args = slow_eval_args(tmp_path, tmp_path / "evals.txt", eval_delay_s=0.3)
-    proc = start_cli([*args, "--total-steps", "2000", "--eval-timeout-s", "3"], uuid.uuid4().hex)
-    _, err = proc.communicate(timeout=240)
-    assert proc.returncode == 0, err
-    assert "took over 3 s; given up" in err
-
-
-def wait_for_rows(run_parent: Path, rows: int, proc: subprocess.Popen, timeout_s: float) -> None:
-    """Until the run's metrics.jsonl holds `rows` evaluations (the run is well under way)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = list(run_parent.glob("*/metrics.jsonl"))
-        if found and len(found[0].read_text().splitlines()) >= rows:
-            return
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline, "the run made no progress"
-        time.sleep(0.2)
-
-
-def run_with_broker_fault(
-    tmp_path: Path, args: list[str], fault: Callable[[PrivateRedis], None], mark: str
-) -> tuple[subprocess.Popen, Tree, str]:
-    """`clusterenv train ARGS` on a redis-server of the test's own; `fault(server)` once the run
-    has logged an evaluation; then wait for the CLI to end. Returns it, its tree and its stderr."""
-    with PrivateRedis() as server:
-        proc = start_cli(["train", "--redis-url", server.url, "--workers", "2",
-                          "--run-dir", str(tmp_path), *args], mark)  # fmt: skip
-        tree = Tree(proc)
-        try:
-            wait_for_rows(tmp_path, 1, proc, 120)
-            tree.look()
-            fault(server)
-            err = wait_watching(proc, tree, 240)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    return proc, tree, err
 
 
 @pytest.mark.slow
@@ -425,6 +233,8 @@ def field_docs(cls: type) -> dict[str, str]:
             continue
         name = node.target.id  # type: ignore[attr-defined]
         kind = typing.get_type_hints(cls)[name]
+        if isinstance(kind, typing.TypeVar):  # the agent's config: the caller adds its own
+            continue
         if dataclasses.is_dataclass(kind):
             docs.update(field_docs(kind))
         elif isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
@@ -446,12 +256,15 @@ def test_version():
     assert out.returncode == 0 and out.stdout.startswith("clusterenv 0.")
 
 
-def test_help_explains_every_flag():
-    out = subprocess.run(CLI + ["train", "--help"], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("algo", ["dqn", "ppo"])
+def test_help_explains_every_flag(algo):
+    """`train --help` lists the run's settings and DQN's; `train --algo ppo --help` PPO's instead."""
+    out = subprocess.run(CLI + ["train", "--algo", algo, "--help"], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
     assert out.returncode == 0
-    from clusterenv.learner.config import TrainConfig
+    from clusterenv.learner.config import AGENT_CONFIGS, TrainConfig
 
-    docs = field_docs(TrainConfig)
+    docs = {**field_docs(TrainConfig), **field_docs(AGENT_CONFIGS[algo])}
     assert len(docs) > 30
     # The help is wrapped in columns: compare words, not lines.
     words = " ".join(out.stdout.replace("│", " ").split())
@@ -463,6 +276,10 @@ def test_help_explains_every_flag():
     # "(default: None)" as well.
     assert words.count("(default") == len(docs)
     assert "(default: None)" not in words and "unset" not in words
+    # The other agent's own settings are not flags of this one (--eps-start is DQN's alone).
+    other = next(a for a in AGENT_CONFIGS if a != algo)
+    for name in set(field_docs(AGENT_CONFIGS[other])) - set(docs):
+        assert f"--{name.replace('_', '-')} " not in words, name
 
 
 def test_workers_that_never_start_give_one_line(tmp_path):

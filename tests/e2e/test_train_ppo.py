@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from clusterenv.learner.run.metrics import read_metrics
-from tests.e2e.test_train_cli import (
+from tests.e2e.cli_runs import (
     CLI,
     Tree,
     assert_no_survivors,
