@@ -177,7 +177,7 @@ class TrainConfig(Generic[AgentConfig]):
     weights: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    agent: AgentConfig = field(default_factory=DQNConfig)  # type: ignore[assignment]
+    agent: AgentConfig = field(default_factory=DQNConfig)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
