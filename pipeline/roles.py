@@ -6,8 +6,9 @@ chunk, with its `SyncRule`, whether to fetch a newer one; a `TransitionWriter` p
 wire. The learner's other broker seams: `RunFlags` (the run's start marker and stop flag), a
 `WorkerDirectory` (who is alive), `EvalResults` (evaluation parts coming back) and a `StatusBoard`
 (every run's progress). The Redis implementations live in pipeline/sync/, pipeline/chunks/stream.py,
-pipeline/cluster/ and pipeline/evaluation/results.py; tests use the small fakes in tests/fakes.py,
-which tests/pipeline/test_broker_roles.py holds to the same behaviour as their Redis twins.
+pipeline/cluster/ and pipeline/evaluation/results.py; tests use the small fakes in tests/fakes.py
+and, for the learner's side, tests/inprocess.py, which tests/pipeline/test_broker_roles.py holds to
+the same behaviour as their Redis twins.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ when it comes back, until a result reaches the target return or the budget is sp
 component (learner/persistence/components.py) that `--resume` continues from.
 
 Everything on the broker goes through the roles of `Broker` (learner/run/wiring.py), so the same
-loop runs against Redis and Celery or against the in-process fakes of tests/fakes.py.
+loop runs against Redis and Celery or against the in-process roles of tests/inprocess.py.
 """
 
 from __future__ import annotations

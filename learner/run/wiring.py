@@ -1,6 +1,6 @@
 """The run's wiring, in one place: every part of a run built and connected (`wire`), the roles it
 talks to the broker through (`Broker`), and their Redis and Celery implementations
-(`redis_broker`). Tests hand `wire` in-process fakes of the same roles (tests/fakes.py), so the
+(`redis_broker`). Tests hand `wire` in-process fakes of the same roles (tests/inprocess.py), so the
 loop (learner/run/loop.py) runs without a server."""
 
 from __future__ import annotations
