@@ -2,7 +2,7 @@
 
 Workers act with numpy rather than torch: for CartPole-sized nets it is faster per step and keeps
 torch out of the worker's hot loop. Weight names follow `layers.{i}.weight` / `layers.{i}.bias`,
-as `clusterenv.learner.dqn.QNetwork.get_weights` writes them (for PPO, of its policy network).
+as the learner's `MLP.get_weights` (learner/core/networks.py) writes them (for PPO, of its policy network).
 The outputs are Q-values (DQN: act ε-greedily) or logits (PPO: sample the categorical policy);
 which one a chunk uses is its behaviour value (pipeline/behaviour.py).
 """

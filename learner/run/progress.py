@@ -1,6 +1,6 @@
 """What a person watching the run sees: a tqdm bar on a terminal; without one (a log file, CI,
 `nohup`), a line per evaluation and a status line every `status_every_s` seconds. The same
-figures go to the broker every few seconds for `clusterenv status` (learner/status.py)."""
+figures go to the broker every few seconds for `clusterenv status` (learner/run/status.py)."""
 
 from __future__ import annotations
 

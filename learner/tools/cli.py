@@ -107,7 +107,7 @@ def parse(kind: type, argv: list[str], prog: str, default: Any = None) -> Any:
 
 
 def parse_train(argv: list[str]) -> TrainConfig:
-    """The run's config: flags on top of the env's preset (learner/presets.toml) or the plain
+    """The run's config: flags on top of the env's preset (learner/tools/presets.toml) or the plain
     defaults; with --resume, on top of the resumed run's config, where flags not given keep its
     values and a flag that would change what may not change is refused."""
     from clusterenv.learner.persistence.resume import check_overrides, saved_config

@@ -87,7 +87,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _check_worker_report(header: dict[str, Any]) -> None:
-    """The optional fields a worker reports and the learner counts (learner/accounting.py), in the
+    """The optional fields a worker reports and the learner counts (learner/run/accounting.py), in the
     form it counts them: a bad one is refused here, before its rows reach replay."""
     if "env_steps" in header and not (_is_int(header["env_steps"]) and header["env_steps"] >= 0):
         raise CodecError("header field 'env_steps' must be an integer >= 0")
