@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, mark_start, median, table, train_run, write_results
-from bench.time_to_solve import RL_ZOO_CARTPOLE, Trial, hits, sb3_run
+from bench.sb3_dqn import RL_ZOO_CARTPOLE, Trial, hits, sb3_run
 from clusterenv.learner.tools.eval_checkpoint import greedy_episodes
 from clusterenv.learner.tools.report import first_solve
 
@@ -42,7 +42,7 @@ BARS: dict[str, dict[str, float]] = {
 }
 
 
-# RL-Zoo hyperparams/dqn.yml (LunarLander-v2's entry for v3); CartPole-v1's is bench.time_to_solve's.
+# RL-Zoo hyperparams/dqn.yml (LunarLander-v2's entry for v3); CartPole-v1's is bench.sb3_dqn's.
 _ZOO_ACROBOT_LUNARLANDER = {
     "learning_rate": 6.3e-4, "batch_size": 128, "buffer_size": 50_000, "learning_starts": 0,
     "gamma": 0.99, "target_update_interval": 250, "train_freq": 4, "gradient_steps": -1,

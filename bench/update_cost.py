@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from bench.common import mark_start, table, write_results
-from bench.time_to_solve import RL_ZOO_CARTPOLE
+from bench.sb3_dqn import RL_ZOO_CARTPOLE
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.dqn.learning import DQNLearner
 from clusterenv.learner.replay.rate_limiter import RateLimiter

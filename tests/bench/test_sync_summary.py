@@ -4,12 +4,8 @@ import math
 
 import numpy as np
 
-from bench.sync_policies import (
-    bootstrap_ci,
-    bootstrap_ratio,
-    bytes_to_solve,
-    not_resolvably_dominated,
-)
+from bench.sync_policies import bytes_to_solve
+from bench.sync_summary import bootstrap_ci, bootstrap_ratio, not_resolvably_dominated
 
 
 def test_bootstrap_interval_brackets_the_median_and_keeps_unsolved_seeds() -> None:
