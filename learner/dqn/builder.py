@@ -12,6 +12,7 @@ from clusterenv.learner.dqn.learning import DQNLearner
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.pipeline.behaviour import EpsilonGreedy
+from clusterenv.pipeline.spaces import action_spec
 
 
 def build_dqn(
@@ -30,7 +31,9 @@ def build_dqn(
         error_buffer=max(spi * chunk * cfg.collection.error_buffer_chunks,
                          spi * task + d.batch_size),
     )  # fmt: skip
-    replay = ReplayBuffer(d.buffer_size, obs_space.shape, obs_space.dtype)
+    replay = ReplayBuffer(
+        d.buffer_size, obs_space.shape, obs_space.dtype, action_spec(act_space).array
+    )
     learner = DQNLearner(
         int(np.prod(obs_space.shape)), int(act_space.n), d, replay, limiter, cfg.seed,
         total_steps=cfg.total_steps, save_replay=cfg.checkpoint.checkpoint_replay,

@@ -7,6 +7,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from clusterenv.pipeline.codec import ArraySpec
+from clusterenv.pipeline.spaces import DiscreteActions
+
 # The stored arrays, named as `add` and `sample` name them.
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 
@@ -14,11 +17,19 @@ FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 class ReplayBuffer:
     """Uniform replay over (obs, action, reward, next_obs, terminated)."""
 
-    def __init__(self, capacity: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype):
+    def __init__(
+        self,
+        capacity: int,
+        obs_shape: tuple[int, ...],
+        obs_dtype: np.dtype,
+        action: ArraySpec = DiscreteActions.array,
+    ):
+        """Rows of observations of `obs_shape` and `obs_dtype` and actions of the `action` spec
+        (the env's spaces as chunks carry them: pipeline/spaces.py), kept as they arrive."""
         self.capacity = capacity
         self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         self.next_obs = np.zeros_like(self.obs)
-        self.action = np.zeros(capacity, dtype=np.int64)
+        self.action = np.zeros((capacity, *action.row_shape), dtype=np.dtype(action.dtype))
         self.reward = np.zeros(capacity, dtype=np.float32)
         # Only termination stops bootstrapping; a time-limit truncation still bootstraps.
         self.terminated = np.zeros(capacity, dtype=np.float32)

@@ -30,6 +30,7 @@ from clusterenv.learner.persistence.checkpoint import save_checkpoint
 from clusterenv.learner.persistence.components import LEARNER, gather, scatter
 from clusterenv.learner.persistence.resume import Resumed, record_run_id
 from clusterenv.learner.run.progress import Progress
+from clusterenv.learner.run.recovery import BrokerRecovery
 from clusterenv.learner.run.wiring import BrokerFactory, RunParts, wire
 from clusterenv.pipeline.connect import BROKER_ERRORS, broker_gone
 
@@ -61,7 +62,10 @@ class Run(RunParts):
     def __init__(self, parts: RunParts, resume: Resumed | None = None):
         super().__init__(**vars(parts))
         self.learner = self.agent.learner
-        self._checked_at = time.monotonic()
+        self.recovery = BrokerRecovery(
+            self.broker.flags, self.dispatcher, self.evaluation,
+            lambda: self.publish(new_reference=True), self.accounting,
+        )  # fmt: skip
         self.wall_before, self.resumed = 0.0, resume  # wall seconds of the learners before
         if resume is not None:
             scatter(self.components(), resume.tensors, resume.state)
@@ -115,8 +119,11 @@ class Run(RunParts):
                 self.publish()
         return done
 
-    def publish(self, new_reference: bool = False) -> None:
-        self.publisher.publish(self.learner.get_weights(), self.learner.updates, new_reference)
+    def publish(self, new_reference: bool = False) -> int:
+        """Publish the learner's weights as a new version; its number."""
+        return self.publisher.publish(
+            self.learner.get_weights(), self.learner.updates, new_reference
+        )
 
     def request_eval(self) -> None:
         """Ask the workers to evaluate the current weights (published first if they are new)."""
@@ -137,25 +144,12 @@ class Run(RunParts):
             self.best.evaluated(result, mean)
 
     def check_health(self) -> None:
-        """Stop on a dead ingest thread; give a broker that lost the run's state (a restart
-        without persistence) its weights again and re-dispatch what it lost. Once a second."""
+        """Stop on a dead ingest thread; recover a broker that lost the run's state
+        (learner/run/recovery.py)."""
         error = self.ingest.error
         if error is not None:
             raise RunFailed(f"ingest failed: {type(error).__name__}: {error}", broker_gone(error))
-        now = time.monotonic()
-        if now - self._checked_at < 1.0:
-            return
-        self._checked_at = now
-        # The marker, not `weights:latest`: the learner's own next publish may re-create that.
-        if not self.broker.flags.lost():
-            return
-        self.broker.flags.mark_started()
-        lost = self.dispatcher.write_off_in_flight()
-        self.evaluation.abandon()
-        self.publish(new_reference=True)
-        self.accounting.broker_recoveries += 1
-        log.warning("the broker lost this run's state (restarted?): published v%d again, "
-                    "re-dispatching %d chunks", self.publisher.version, lost)  # fmt: skip
+        self.recovery.check()
 
     def turn(self) -> bool:
         """One turn of the main loop; False once the run is over."""

@@ -288,3 +288,27 @@ def test_a_run_directory_of_the_layout_before_per_agent_settings_is_refused_by_n
     path.write_bytes(data)
     with pytest.raises(CheckpointError, match="written by an older clusterenv"):
         load_checkpoint(path)
+
+
+COMPONENTS = ["run", "learner", "publisher", "dispatch", "evaluation", "schedule", "accounting",
+              "ingest"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", COMPONENTS)
+def test_each_component_saves_and_restores_itself(tmp_path, name):
+    """Each component alone: what a trained run's saves, a fresh run's takes back whole."""
+    a = make_run(tmp_path)
+    assert sorted(a.components()) == sorted(COMPONENTS)  # a new component needs its case here
+    train_a_while(a)
+    b = make_run(tmp_path, seed=5)
+    arrays, values = a.components()[name].save()
+    assert arrays or values
+    b.components()[name].restore(arrays, values)
+    if name == "run":  # its wall clock: the learners before this one ran that long
+        assert b.wall_before == values["wall_s"]
+        return
+    again, values_again = b.components()[name].save()
+    assert sorted(again) == sorted(arrays)
+    for key, array in arrays.items():
+        assert again[key].dtype == array.dtype and np.array_equal(again[key], array), key
+    assert json.loads(json.dumps(values_again)) == json.loads(json.dumps(values))

@@ -94,7 +94,7 @@ def test_a_broker_that_lost_the_run_gets_its_weights_again_and_the_chunks_in_fli
     run.check_health()  # the marker is there: nothing to do
     assert run.accounting.broker_recoveries == 0
     cluster.flags.lose()
-    run._checked_at -= 2.0  # looked at most once a second
+    run.recovery._checked_at -= 2.0  # looked at most once a second
     run.check_health()
     assert run.accounting.broker_recoveries == 1 and not cluster.flags.lost()
     assert run.dispatcher.lost == 4 and not run.dispatcher.in_flight
