@@ -68,7 +68,7 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def train_run(flags: Sequence[str], runs_dir: Path, prefix: str) -> dict[str, Any]:
     """`clusterenv train FLAGS` in a fresh folder under `runs_dir`, quietly; the finished run as
-    `clusterenv.learner.report.load_run` reads it. A failed run raises with the end of its stderr."""
+    `clusterenv.learner.tools.report.load_run` reads it. A failed run raises with the end of its stderr."""
     from clusterenv.learner.tools.report import load_run
 
     parent = Path(tempfile.mkdtemp(prefix=prefix, dir=runs_dir))
