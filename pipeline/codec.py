@@ -35,10 +35,12 @@ class CodecError(ValueError):
 
 @dataclass(frozen=True)
 class ArraySpec:
-    """What the learner expects of one array: dtype, and the shape after the leading row axis."""
+    """What the learner expects of one array: dtype, and the shape after the leading row axis.
+    Arrays of one `group` share their row count (transitions: ""; a chunk's frames: "frames")."""
 
     dtype: str
     row_shape: tuple[int, ...]
+    group: str = ""
 
 
 def wire_dtype(dtype: Any) -> str:
@@ -101,14 +103,15 @@ def _described_array(name: str, desc: Any) -> tuple[np.dtype, list[int]]:
 def decode_chunk(
     fields: Mapping[bytes, bytes], expected: Mapping[str, ArraySpec]
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Header and arrays of one entry; every array must match `expected` and share one row count."""
+    """Header and arrays of one entry; every array must match `expected`, and the arrays of one
+    row group share one row count."""
     header = decode_header(fields)
     described = header["arrays"]
     missing = sorted(set(expected) - set(described))
     if missing:
         raise CodecError(f"missing arrays: {', '.join(missing)}")
     arrays: dict[str, np.ndarray] = {}
-    rows: int | None = None
+    group_rows: dict[str, int] = {}
     for name, spec in expected.items():
         np_dtype, shape = _described_array(name, described[name])
         if np_dtype.str != spec.dtype:
@@ -121,9 +124,8 @@ def decode_chunk(
                 if spec.row_shape
                 else f"array {name!r}: shape {tuple(shape)}, expected (rows,)"
             )
-        if rows is None:
-            rows = shape[0]
-        elif shape[0] != rows:
+        rows = group_rows.setdefault(spec.group, shape[0])
+        if shape[0] != rows:
             raise CodecError(f"array {name!r}: {shape[0]} rows, others have {rows}")
         raw = fields.get(ARRAY_FIELD_PREFIX + name.encode())
         if raw is None:

@@ -152,11 +152,36 @@ def action_spec(space: gym.Space) -> ActionSpec:
 
 @dataclass(frozen=True)
 class SpaceSpecs:
-    """An env's observation and action specs, as chunks carry them."""
+    """An env's observation and action specs, as chunks carry them. With `stack` = k > 0 an
+    observation is a stack of its k newest frames, and chunks carry each frame once
+    (pipeline/frames.py)."""
 
     obs: ArraySpec
     action: ActionSpec
+    stack: int = 0
 
     @classmethod
-    def of(cls, observation_space: gym.Space, action_space: gym.Space) -> SpaceSpecs:
-        return cls(obs_spec(observation_space), action_spec(action_space))
+    def of(
+        cls, observation_space: gym.Space, action_space: gym.Space, stack: int = 0
+    ) -> SpaceSpecs:
+        obs = obs_spec(observation_space)
+        if stack and (len(obs.row_shape) < 2 or obs.row_shape[0] != stack):
+            raise ValueError(f"a stack of {stack} frames, but observations are {obs.row_shape}")
+        return cls(obs, action_spec(action_space), stack)
+
+    @property
+    def frame(self) -> ArraySpec:
+        """One frame of a stacked observation, in the chunk's `frames` row group."""
+        return ArraySpec(self.obs.dtype, self.obs.row_shape[1:], group="frames")
+
+
+def stack_depth(env: gym.Env) -> int:
+    """k when `env`'s observations are stacks of its k newest frames (gymnasium's
+    FrameStackObservation is its outermost observation wrapper), else 0."""
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.FrameStackObservation):
+            return int(env.stack_size)
+        if isinstance(env, gym.ObservationWrapper):
+            return 0  # an observation wrapper outside the stack: not plain stacks any more
+        env = env.env
+    return 0

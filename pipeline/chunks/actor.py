@@ -5,6 +5,7 @@ reset observation and ignores the action. That step is not a transition and is d
 the done step itself carries the true final observation as `next_obs`. So one env's rows of a
 chunk (`env_index`, in time order) are consecutive steps, and an episode boundary falls exactly
 after a row with `terminated` or `truncated`: a trajectory reader (PPO's GAE) needs nothing else.
+An env whose observations are stacks of frames sends each frame once (pipeline/frames.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from clusterenv.pipeline.spaces import SpaceSpecs
+from clusterenv.pipeline.frames import FRAMES, NEXT_FRAMES, OBS_FRAMES, FrameEncoder
+from clusterenv.pipeline.spaces import SpaceSpecs, stack_depth
 
 # An action function: actions for a batch of observations, and per-step arrays to keep with them
 # (the behaviour log-probs of a sampled policy; nothing for ε-greedy).
@@ -63,7 +65,9 @@ class Actor:
     def __init__(self, envs: gym.vector.VectorEnv, seeds: list[int]):
         self.envs = envs
         self.num_envs = envs.num_envs
-        self.spaces = SpaceSpecs.of(envs.single_observation_space, envs.single_action_space)
+        # Stacked frames (Atari's FrameStackObservation) travel once each: pipeline/frames.py.
+        stack = stack_depth(envs.envs[0]) if isinstance(envs, gym.vector.SyncVectorEnv) else 0
+        self.spaces = SpaceSpecs.of(envs.single_observation_space, envs.single_action_space, stack)
         self.obs, _ = envs.reset(seed=seeds)
         self._autoreset = np.zeros(self.num_envs, dtype=bool)
         self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
@@ -71,7 +75,10 @@ class Actor:
 
     def collect(self, act: Act, steps: int) -> Chunk:
         n, obs_spec, act_spec = self.num_envs, self.spaces.obs, self.spaces.action.array
-        obs_buf = np.empty((steps, n, *obs_spec.row_shape), dtype=obs_spec.dtype)
+        # Whole observations, or (stacked frames) the indexes of their frames in `frames`.
+        encoder = FrameEncoder(self.obs) if self.spaces.stack else None
+        row = (self.spaces.stack,) if encoder else obs_spec.row_shape
+        obs_buf = np.empty((steps, n, *row), dtype=np.int32 if encoder else obs_spec.dtype)
         next_buf = np.empty_like(obs_buf)
         act_buf = np.empty((steps, n, *act_spec.row_shape), dtype=act_spec.dtype)
         rew_buf = np.empty((steps, n), dtype=np.float32)
@@ -89,7 +96,11 @@ class Actor:
                 extra_bufs[name][t] = values
             next_obs, reward, terminated, truncated, _ = self.envs.step(actions)
             real = ~self._autoreset  # False on the reset step that follows a done
-            obs_buf[t], next_buf[t], act_buf[t] = obs, next_obs, actions
+            if encoder is None:
+                obs_buf[t], next_buf[t] = obs, next_obs
+            else:
+                obs_buf[t], next_buf[t] = encoder.current(), encoder.advance(next_obs)
+            act_buf[t] = actions
             rew_buf[t], term_buf[t], trunc_buf[t], valid[t] = reward, terminated, truncated, real
             self._ep_return += np.where(real, reward, 0.0)
             self._ep_length += real
@@ -103,16 +114,20 @@ class Actor:
         self.obs = obs
         env_index = np.broadcast_to(np.arange(n, dtype=np.int32), (steps, n))
         flat = valid.reshape(-1)
+        names = (OBS_FRAMES, NEXT_FRAMES) if encoder else ("obs", "next_obs")
         arrays = {
-            "obs": obs_buf.reshape(steps * n, *obs_buf.shape[2:])[flat],
+            names[0]: obs_buf.reshape(steps * n, *row)[flat],
             "action": act_buf.reshape(steps * n, *act_spec.row_shape)[flat],
             "reward": rew_buf.reshape(-1)[flat],
-            "next_obs": next_buf.reshape(steps * n, *next_buf.shape[2:])[flat],
+            names[1]: next_buf.reshape(steps * n, *row)[flat],
             "terminated": term_buf.reshape(-1)[flat],
             "truncated": trunc_buf.reshape(-1)[flat],
             "env_index": env_index.reshape(-1)[flat],
             **{name: buf.reshape(-1)[flat] for name, buf in extra_bufs.items()},
         }
+        if encoder is not None:
+            frame = self.spaces.frame
+            arrays[FRAMES] = encoder.array(frame.row_shape, np.dtype(frame.dtype))
         return Chunk(arrays=arrays, episodes=episodes, env_steps=steps * n)
 
     def close(self) -> None:

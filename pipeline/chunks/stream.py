@@ -17,6 +17,7 @@ import numpy as np
 import redis
 
 from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk, encode_chunk
+from clusterenv.pipeline.frames import FRAMES, NEXT_FRAMES, OBS_FRAMES, check_indexes
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.outbox import Outbox
 from clusterenv.pipeline.roles import IngestStats, Sink
@@ -45,12 +46,18 @@ def transition_specs(
     spaces: SpaceSpecs, extra: Mapping[str, ArraySpec] | None = None
 ) -> dict[str, ArraySpec]:
     """The arrays every chunk of an env with these `spaces` must carry, with their dtypes and
-    per-row shapes, and the ones the learner's algorithm adds (`extra`: PPO's behaviour log-probs)."""
+    per-row shapes, and the ones the learner's algorithm adds (`extra`: PPO's behaviour
+    log-probs). Stacked frames travel once each, with indexes for `obs` and `next_obs`
+    (pipeline/frames.py)."""
+    if spaces.stack:
+        index = ArraySpec("<i4", (spaces.stack,))
+        observations = {FRAMES: spaces.frame, OBS_FRAMES: index, NEXT_FRAMES: index}
+    else:
+        observations = {"obs": spaces.obs, "next_obs": spaces.obs}
     return {
-        "obs": spaces.obs,
+        **observations,
         "action": spaces.action.array,
         "reward": ArraySpec("<f4", ()),
-        "next_obs": spaces.obs,
         "terminated": ArraySpec("|b1", ()),
         "truncated": ArraySpec("|b1", ()),
         "env_index": ArraySpec("<i4", ()),
@@ -73,6 +80,8 @@ def check_content(
     problem = action.problem(arrays["action"])
     if problem is not None:
         raise CodecError(problem)
+    if FRAMES in arrays:
+        check_indexes(arrays)
     for name, a in arrays.items():
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise CodecError(f"array {name!r} has non-finite values")

@@ -216,6 +216,46 @@ def test_an_action_outside_the_discrete_range_is_refused_by_name(client, run_id)
     assert reader.stats.rejected_reasons == {"action outside [0, 3)": 1}
 
 
+def test_stacked_frames_travel_once_each_and_a_bad_index_is_refused_by_name(client, run_id):
+    """84 x 84 frames in stacks of 4 (Atari's shape): the stream carries each frame once, the
+    reader hands the learner the frames and the indexes that rebuild every observation."""
+    stacks = [lambda: gym.wrappers.FrameStackObservation(AtariSized(), 4) for _ in range(2)]
+    envs = gym.vector.SyncVectorEnv(stacks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    actor = Actor(envs, seeds=[0, 1])
+    chunk = actor.collect(lambda obs: (np.zeros(len(obs), np.int64), {}), steps=32)
+    envs.close()
+    keys = RunKeys(run_id)
+    writer, header = StreamWriter(client, keys), {"run": run_id, "worker": "w", "policy_version": 0}
+    wire = writer.write({**header, "chunk": 0}, chunk.arrays)
+    rows = len(chunk.arrays["action"])
+    # About one 7,056-byte frame per transition: the stacks' first frames, one per step, and a
+    # new episode's stack whole (episodes of 10 steps here).
+    assert wire / rows < 1.3 * 84 * 84, wire / rows
+    broken = dict(chunk.arrays, obs_frames=chunk.arrays["obs_frames"] + 10_000)
+    writer.write({**header, "chunk": 1}, broken)
+    reader = StreamReader(connect(url_of(client), blocking=True), keys, actor.spaces)
+    (arrays,) = read_all(reader, 2)
+    assert arrays["frames"].dtype == np.uint8 and arrays["frames"].shape[1:] == (84, 84)
+    for name, array in chunk.arrays.items():
+        np.testing.assert_array_equal(arrays[name], array, err_msg=name)
+    assert reader.stats.rejected_reasons == {
+        f"array 'obs_frames': indexes outside the chunk's {len(chunk.arrays['frames'])} frames": 1
+    }
+
+
+class AtariSized(Frames):
+    """84 x 84 uint8 frames, episodes of 10 steps."""
+
+    observation_space = gym.spaces.Box(0, 255, (84, 84), np.uint8)
+
+    def step(self, action):
+        self.t += 1
+        return self._frame(), 1.0, self.t >= 10, False, {}
+
+    def _frame(self) -> np.ndarray:
+        return self.np_random.integers(0, 256, (84, 84), dtype=np.uint8)
+
+
 @pytest.mark.parametrize(
     "bad",
     [{"num_envs": 0}, {"behaviour": {"kind": "epsilon_greedy", "epsilon": 2.0}}, {"surprise": 1}],
