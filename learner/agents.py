@@ -4,22 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import gymnasium as gym
-
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.core.agent import Agent
 from clusterenv.learner.dqn.builder import build_dqn
 from clusterenv.learner.ppo.builder import build_ppo
+from clusterenv.pipeline.spaces import SpaceSpecs
 
 
-def build_agent(
-    cfg: TrainConfig,
-    obs_space: gym.spaces.Box,
-    act_space: gym.spaces.Discrete,
-    lag_versions: Callable[[int], int],
-) -> Agent:
-    """The agent `cfg.algo` names, built for the env's spaces; `lag_versions(v)`: how many
-    versions the policy version v is behind the newest published one."""
+def build_agent(cfg: TrainConfig, spaces: SpaceSpecs, lag_versions: Callable[[int], int]) -> Agent:
+    """The agent `cfg.algo` names, built for the env's `spaces` (as chunks carry them);
+    `lag_versions(v)`: how many versions the policy version v is behind the newest published one."""
     if cfg.algo == "ppo":
-        return build_ppo(cfg, obs_space, act_space, lag_versions)
-    return build_dqn(cfg, obs_space, act_space)
+        return build_ppo(cfg, spaces, lag_versions)
+    return build_dqn(cfg, spaces)

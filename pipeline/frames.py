@@ -88,3 +88,8 @@ def expand(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     frames = arrays[FRAMES]
     rest = {k: v for k, v in arrays.items() if k not in (FRAMES, OBS_FRAMES, NEXT_FRAMES)}
     return {**rest, "obs": frames[arrays[OBS_FRAMES]], "next_obs": frames[arrays[NEXT_FRAMES]]}
+
+
+def observations(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """The chunk's observations (`obs`), rebuilt from its frames when it carries stacks."""
+    return arrays[FRAMES][arrays[OBS_FRAMES]] if FRAMES in arrays else arrays["obs"]

@@ -6,12 +6,13 @@ from typing import Any
 
 import gymnasium as gym
 
+from clusterenv.pipeline.spaces import SpaceSpecs, stack_depth
 
-def env_spaces(
-    env_id: str, env_kwargs: dict[str, Any]
-) -> tuple[gym.spaces.Box, gym.spaces.Discrete, float | None]:
-    """Observation space, action space and reward threshold; ValueError if no agent here can
-    train on them (DQN and PPO take Discrete actions numbered from 0 and Box observations)."""
+
+def env_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[SpaceSpecs, float | None]:
+    """The env's observation and action specs as chunks carry them (a stack of frames noted as
+    such) and its reward threshold; ValueError if no agent here can train on them (DQN and PPO
+    take Discrete actions numbered from 0 and Box observations)."""
     try:
         env = gym.make(env_id, **env_kwargs)
     except gym.error.Error as exc:
@@ -31,6 +32,10 @@ def env_spaces(
                              f"0, not {act_space}")  # fmt: skip
         if not isinstance(obs_space, gym.spaces.Box):
             raise ValueError(f"--env {env_id!r}: needs a Box observation space, not {obs_space}")
-        return obs_space, act_space, env.spec.reward_threshold if env.spec else None
+        try:
+            spaces = SpaceSpecs.of(obs_space, act_space, stack_depth(env))
+        except ValueError as exc:
+            raise ValueError(f"--env {env_id!r}: {exc}") from None
+        return spaces, env.spec.reward_threshold if env.spec else None
     finally:
         env.close()

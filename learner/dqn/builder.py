@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import gymnasium as gym
 import numpy as np
 
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.core.agent import Agent
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.dqn.learning import DQNLearner
+from clusterenv.learner.replay.frames import FrameReplay
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.pipeline.behaviour import EpsilonGreedy
-from clusterenv.pipeline.spaces import action_spec
+from clusterenv.pipeline.spaces import SpaceSpecs
 
 
-def build_dqn(
-    cfg: TrainConfig[DQNConfig], obs_space: gym.spaces.Box, act_space: gym.spaces.Discrete
-) -> Agent:
+def build_dqn(cfg: TrainConfig[DQNConfig], spaces: SpaceSpecs) -> Agent:
     d, chunk = cfg.agent, cfg.collection.chunk_env_steps
     # Dispatch sends whole tasks: the limiter's slack must admit one, or dispatch (waiting for
     # training to catch up) and training (waiting for data) can each wait for the other for good.
@@ -31,11 +29,15 @@ def build_dqn(
         error_buffer=max(spi * chunk * cfg.collection.error_buffer_chunks,
                          spi * task + d.batch_size),
     )  # fmt: skip
-    replay = ReplayBuffer(
-        d.buffer_size, obs_space.shape, obs_space.dtype, action_spec(act_space).array
+    obs, action = spaces.obs, spaces.action.array
+    # Stacked frames are stored once each (learner/replay/frames.py); other observations whole.
+    replay = (
+        FrameReplay(d.buffer_size, spaces.stack, spaces.frame, action)
+        if spaces.stack
+        else ReplayBuffer(d.buffer_size, obs.row_shape, np.dtype(obs.dtype), action)
     )
     learner = DQNLearner(
-        int(np.prod(obs_space.shape)), int(act_space.n), d, replay, limiter, cfg.seed,
+        int(np.prod(obs.row_shape)), spaces.action.n, d, replay, limiter, cfg.seed,
         total_steps=cfg.total_steps, save_replay=cfg.checkpoint.checkpoint_replay,
     )  # fmt: skip
     return Agent(learner, limiter, d.publish_every, lambda steps: EpsilonGreedy(d.epsilon(steps)),

@@ -19,6 +19,7 @@ from torch.optim.adam import adam as functional_adam
 from clusterenv.learner.core.agent import State
 from clusterenv.learner.core.networks import MLP, hidden_sizes, restore_training, save_training
 from clusterenv.learner.dqn.config import DQNConfig
+from clusterenv.learner.replay.frames import FrameReplay
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
 
@@ -31,7 +32,7 @@ class DQNLearner:
         obs_dim: int,
         num_actions: int,
         cfg: DQNConfig,
-        replay: ReplayBuffer,
+        replay: ReplayBuffer | FrameReplay,
         limiter: RateLimiter,
         seed: int,
         total_steps: int = 0,
@@ -68,9 +69,7 @@ class DQNLearner:
 
     def insert(self, header: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
         """The ingest thread's sink: a chunk's transitions into replay; the rows inserted."""
-        a = arrays
-        self.replay.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
-        rows = len(a["action"])
+        rows = self.replay.insert(arrays)
         self.limiter.on_insert(rows)
         return rows
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import gymnasium as gym
 import numpy as np
 
 from clusterenv.learner.config import TrainConfig
@@ -14,13 +13,11 @@ from clusterenv.learner.ppo.learning import PPOLearner
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.pipeline.behaviour import Categorical
 from clusterenv.pipeline.codec import ArraySpec
+from clusterenv.pipeline.spaces import SpaceSpecs
 
 
 def build_ppo(
-    cfg: TrainConfig[PPOConfig],
-    obs_space: gym.spaces.Box,
-    act_space: gym.spaces.Discrete,
-    lag_versions: Callable[[int], int],
+    cfg: TrainConfig[PPOConfig], spaces: SpaceSpecs, lag_versions: Callable[[int], int]
 ) -> Agent:
     """`lag_versions(v)`: how many versions the policy version v is behind the newest published
     one (chunks past --max-policy-lag are dropped)."""
@@ -32,7 +29,7 @@ def build_ppo(
         1.0, 0, p.batch_steps + max(chunk * cfg.collection.error_buffer_chunks, task)
     )
     learner = PPOLearner(
-        int(np.prod(obs_space.shape)), int(act_space.n), p, limiter, lag_versions, seed=cfg.seed
+        int(np.prod(spaces.obs.row_shape)), spaces.action.n, p, limiter, lag_versions, seed=cfg.seed
     )
     # An APS worker whose policy the learner would drop must fetch, or the run stalls: the
     # dropped chunks stop learning, so the divergence that would trigger the fetch never grows.

@@ -35,6 +35,7 @@ from clusterenv.learner.core.networks import MLP, hidden_sizes, restore_training
 from clusterenv.learner.ppo.config import PPOConfig
 from clusterenv.learner.ppo.loss import LossParts, gae, log_probs, ppo_loss, truncated_ratio
 from clusterenv.learner.replay.rate_limiter import RateLimiter
+from clusterenv.pipeline.frames import expand
 
 
 # --- the learner ----------------------------------------------------------------------------------
@@ -88,8 +89,9 @@ class PPOLearner:
         self._lock = threading.Lock()
 
     def insert(self, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
-        """The ingest thread's sink: queue one chunk for the next update."""
-        rows = len(arrays["action"])
+        """The ingest thread's sink: queue one chunk for the next update (its observations whole:
+        a batch is one update's, so stacked frames are rebuilt here)."""
+        arrays, rows = expand(arrays), len(arrays["action"])
         with self._lock:
             self._queue.append(QueuedChunk(header["policy_version"], arrays))
             self._queued_rows += rows

@@ -68,6 +68,12 @@ class ReplayBuffer:
             self.size = min(self.capacity, self.size + n)
             self.inserted += n
 
+    def insert(self, arrays: Mapping[str, np.ndarray]) -> int:
+        """One chunk's transitions (its `obs`, `action`, `reward`, `next_obs`, `terminated`)."""
+        a = arrays
+        self.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
+        return len(a["action"])
+
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         with self._lock:
             idx = rng.integers(self.size, size=batch_size)

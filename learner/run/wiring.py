@@ -35,6 +35,7 @@ from clusterenv.pipeline.cluster.status_board import RedisStatusBoard
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.evaluation.results import RedisEvalResults
+from clusterenv.pipeline.frames import observations
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.roles import (
     EvalResults,
@@ -132,18 +133,19 @@ class RunParts:
 def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str) -> RunParts:
     """Build a run's parts for `cfg` on the broker `broker_for` makes."""
     configure_torch(cfg.torch_threads)
-    obs_space, act_space, threshold = env_spaces(cfg.env, cfg.env_kwargs)
+    spaces, threshold = env_spaces(cfg.env, cfg.env_kwargs)
     late: dict[str, Any] = {}  # the publisher, for the lag of a version: made after the agent
 
     def lag(version: int) -> tuple[int, int]:
         """(versions, updates) the policy `version` is behind the learner."""
         return late["publisher"].lag(version, agent.learner.updates)
 
-    agent = build_agent(cfg, obs_space, act_space, lambda v: lag(v)[0])
-    broker = broker_for(SpaceSpecs.of(obs_space, act_space), agent.extra_specs)
+    agent = build_agent(cfg, spaces, lambda v: lag(v)[0])
+    broker = broker_for(spaces, agent.extra_specs)
     # --- weights out, transitions in ---
     w = cfg.weights
-    pool = ReferencePool(reference_pool_rows(w.reference_size), obs_space.shape, obs_space.dtype)
+    pool = ReferencePool(reference_pool_rows(w.reference_size), spaces.obs.row_shape,
+                         np.dtype(spaces.obs.dtype))  # fmt: skip
     late["publisher"] = publisher = Publisher(
         broker.weights, pool, w, np.random.default_rng([cfg.seed, 1]),
         lambda version: record_version(run_dir, version),
@@ -151,7 +153,7 @@ def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str
 
     def store(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
         """The ingest thread's sink: a chunk into the learner, its observations into the pool."""
-        pool.add(arrays["obs"])
+        pool.add(observations(arrays))
         return agent.learner.insert(header, arrays)
 
     # A chunk a reader took and never acked is claimed when the dispatcher writes it off.

@@ -238,15 +238,14 @@ def test_save_restores_into_a_fresh_learner():
 
 
 def test_aps_workers_get_a_version_guard_below_the_max_policy_lag():
-    import gymnasium as gym
 
     from clusterenv.learner.agents import build_agent
     from clusterenv.pipeline.behaviour import Categorical, EpsilonGreedy
+    from tests.fakes import CARTPOLE
 
-    space, actions = gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(2)
     cfg = TrainConfig.for_algo("ppo")
     cfg.agent.max_policy_lag = 10
-    agent = build_agent(cfg, space, actions, lambda v: 0)
+    agent = build_agent(cfg, CARTPOLE, lambda v: 0)
     assert (agent.behaviour(0), agent.max_lag_versions, agent.publish_every) == (
         Categorical(),
         5,
@@ -254,10 +253,10 @@ def test_aps_workers_get_a_version_guard_below_the_max_policy_lag():
     )
     assert set(agent.extra_specs) == {"logp"}
     cfg.weights.max_lag_versions = 3  # the user's tighter guard stands
-    assert build_agent(cfg, space, actions, lambda v: 0).max_lag_versions == 3
+    assert build_agent(cfg, CARTPOLE, lambda v: 0).max_lag_versions == 3
     cfg.weights.sync, cfg.weights.max_lag_versions = "on-change", 0  # no APS: no guard to send
-    assert build_agent(cfg, space, actions, lambda v: 0).max_lag_versions == 0
-    dqn = build_agent(TrainConfig(), space, actions, lambda v: 0)
+    assert build_agent(cfg, CARTPOLE, lambda v: 0).max_lag_versions == 0
+    dqn = build_agent(TrainConfig(), CARTPOLE, lambda v: 0)
     assert (dqn.behaviour(0), dqn.max_lag_versions, dqn.extra_specs) == (EpsilonGreedy(1.0), 0, {})
     assert dqn.behaviour(10**9) == EpsilonGreedy(TrainConfig().agent.eps_end)
 

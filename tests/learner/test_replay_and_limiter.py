@@ -9,9 +9,14 @@ import pytest
 
 from clusterenv.learner.agents import build_agent
 from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.replay.frames import FrameReplay
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.learner.run.publisher import ReferencePool
+from clusterenv.pipeline.chunks.actor import Actor
+from clusterenv.pipeline.spaces import SpaceSpecs
+from tests.fakes import CARTPOLE
+from tests.pipeline.chunks.test_chunk_pipeline import AtariSized
 
 
 def rows(start: int, n: int):
@@ -104,8 +109,7 @@ def test_dispatch_and_training_never_wait_for_each_other(
     cfg = TrainConfig.for_algo(algo)
     cfg.dispatch = dataclasses.replace(cfg.dispatch, chunks_per_task=chunks_per_task)
     cfg.collection.error_buffer_chunks = error_buffer_chunks
-    space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
-    limiter = build_agent(cfg, space, gym.spaces.Discrete(2), lambda v: 0).limiter
+    limiter = build_agent(cfg, CARTPOLE, lambda v: 0).limiter
     task = cfg.collection.chunk_env_steps * chunks_per_task
     batch = cfg.agent.batch_size if algo == "dqn" else cfg.agent.batch_steps
     for _ in range(200):
@@ -121,3 +125,72 @@ def test_dispatch_and_training_never_wait_for_each_other(
             limiter.on_sample(batch)
             moved = True
         assert moved, f"stalled at {limiter.inserts} inserts, {limiter.samples} samples"
+
+
+def stacked_chunks(chunks: int, steps: int, seed: int = 0):
+    """Chunks of two envs of stacked 84 x 84 frames, as the workers' FrameEncoder sends them, and
+    the whole observations they stand for."""
+    actor = Actor(atari_sized(), seeds=[seed, seed + 1])
+    plain = Actor(atari_sized(), seeds=[seed, seed + 1])
+    plain.spaces = SpaceSpecs(plain.spaces.obs, plain.spaces.action)  # whole observations
+    return [(actor.collect(random_actions, steps).arrays, plain.collect(random_actions, steps).arrays)
+            for _ in range(chunks)], actor.spaces  # fmt: skip
+
+
+def random_actions(obs: np.ndarray) -> tuple[np.ndarray, dict]:
+    return np.random.default_rng(len(obs)).integers(3, size=len(obs)), {}
+
+
+def atari_sized() -> gym.vector.SyncVectorEnv:
+    return gym.vector.SyncVectorEnv(
+        [lambda: gym.wrappers.FrameStackObservation(AtariSized(), 4) for _ in range(2)],
+        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+    )
+
+
+def test_frame_replay_stores_each_frame_once_and_samples_the_stacks_the_env_made():
+    chunks, spaces = stacked_chunks(4, 64)
+    replay = FrameReplay(10_000, 4, spaces.frame, spaces.action.array)
+    for compact, _ in chunks:
+        replay.insert(compact)
+    whole = {k: np.concatenate([w[k] for _, w in chunks]) for k in chunks[0][1]}
+    assert replay.size == len(whole["action"]) == replay.inserted
+    # Every stored row gives back exactly its observation and next observation.
+    rng = np.random.default_rng(0)
+    idx = np.arange(replay.size)
+    sample = replay.sample(replay.size, rng)  # uniform: compare as sets of rows, by action id
+    assert sample["obs"].dtype == np.uint8 and sample["obs"].shape[1:] == (4, 84, 84)
+    stored = {(replay.obs_serial[i].tobytes()) for i in idx}
+    assert len(stored) == replay.size  # no two rows share an observation's frames by accident
+    ring = replay.frame_capacity
+    np.testing.assert_array_equal(replay.frames[replay.obs_serial[idx] % ring], whole["obs"])
+    np.testing.assert_array_equal(replay.frames[replay.next_serial[idx] % ring], whole["next_obs"])
+    # Frames once: about one per transition (each chunk's first stacks, a new episode's frame).
+    assert replay.frame_count < 1.3 * replay.size
+
+
+def test_frame_replay_never_samples_a_row_whose_frames_were_overwritten():
+    chunks, spaces = stacked_chunks(6, 64, seed=3)
+    replay = FrameReplay(200, 4, spaces.frame, spaces.action.array)
+    for compact, _ in chunks:
+        replay.insert(compact)
+    assert replay.frame_count > replay.frame_capacity  # the ring has wrapped
+    newest = {w["obs"][i].tobytes() for _, w in chunks[-3:] for i in range(len(w["obs"]))}
+    batch = replay.sample(512, np.random.default_rng(1))
+    assert len(batch["obs"]) == 512
+    for obs, next_obs in zip(batch["obs"], batch["next_obs"], strict=True):
+        assert obs.tobytes() in newest  # a stack the env made, not stale or torn frames
+        np.testing.assert_array_equal(obs[1:], next_obs[:-1])  # next obs shifts by one frame
+
+
+def test_frame_replay_saves_and_restores_itself():
+    chunks, spaces = stacked_chunks(2, 32, seed=5)
+    a = FrameReplay(1_000, 4, spaces.frame, spaces.action.array)
+    for compact, _ in chunks:
+        a.insert(compact)
+    b = FrameReplay(1_000, 4, spaces.frame, spaces.action.array)
+    b.restore(*a.save())
+    for name, array in a.sample(64, np.random.default_rng(2)).items():
+        np.testing.assert_array_equal(array, b.sample(64, np.random.default_rng(2))[name], name)
+    with pytest.raises(ValueError, match="does not fit this replay"):
+        FrameReplay(500, 4, spaces.frame, spaces.action.array).restore(*a.save())
