@@ -48,7 +48,7 @@ def in_process(
     seed: int,
 ) -> dict[str, float]:
     """Env steps/s of Actor.collect in a plain loop: no Celery, no Redis, no codec."""
-    actor = Actor(make_vector_env(ENV, {}, num_envs), env_seeds(seed, 0, num_envs))
+    actor = Actor(make_vector_env(ENV, {}, num_envs, training=True), env_seeds(seed, 0, num_envs))
     policy, rng, behaviour = NumpyMLP(weights), np.random.default_rng(seed), EpsilonGreedy(epsilon)
 
     def act(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from clusterenv.pipeline.envs import make_env
 from clusterenv.pipeline.spaces import SpaceSpecs, stack_depth
 
 
@@ -14,7 +15,7 @@ def env_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[SpaceSpecs, flo
     such) and its reward threshold; ValueError if no agent here can train on them (DQN and PPO
     take Discrete actions numbered from 0 and Box observations)."""
     try:
-        env = gym.make(env_id, **env_kwargs)
+        env = make_env(env_id, env_kwargs, training=True)
     except gym.error.Error as exc:
         raise ValueError(f"--env {env_id!r}: {exc}") from None
     except TypeError as exc:

@@ -16,6 +16,7 @@ import numpy as np
 
 from clusterenv.learner.persistence.components import LEARNER
 from clusterenv.pipeline.codec import decode_weights
+from clusterenv.pipeline.envs import make_env
 from clusterenv.pipeline.evaluation.runner import greedy_returns
 from clusterenv.pipeline.policy import NumpyMLP
 
@@ -75,9 +76,10 @@ def load_policy(checkpoint: Path) -> NumpyMLP:
 
 
 def _make_env(env_id: str, env_kwargs: dict[str, Any], video: Path | None) -> gym.Env:
+    # The workers' evaluation env (make_env, not training: whole games, rewards unclipped).
     if video is None:
-        return gym.make(env_id, **env_kwargs)
-    probe = gym.make(env_id, **env_kwargs)
+        return make_env(env_id, env_kwargs, training=False)
+    probe = make_env(env_id, env_kwargs, training=False)
     modes = probe.metadata.get("render_modes", [])
     probe.close()
     if "rgb_array" not in modes:
@@ -86,7 +88,8 @@ def _make_env(env_id: str, env_kwargs: dict[str, Any], video: Path | None) -> gy
         import moviepy  # noqa: F401  (RecordVideo writes MP4 through it)
     except ImportError:
         raise ValueError("--video needs moviepy: pip install 'clusterenv[video]'") from None
-    env = gym.make(env_id, render_mode="rgb_array", **env_kwargs)
+    # The render mode goes to the env under the wrappers; RecordVideo records its frames.
+    env = make_env(env_id, env_kwargs, training=False, render_mode="rgb_array")
     return gym.wrappers.RecordVideo(
         env, str(video), episode_trigger=lambda _: True, name_prefix=env_id.replace("/", "_")
     )

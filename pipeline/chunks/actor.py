@@ -17,6 +17,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from clusterenv.pipeline.envs import make_env
 from clusterenv.pipeline.frames import FRAMES, NEXT_FRAMES, OBS_FRAMES, FrameEncoder
 from clusterenv.pipeline.spaces import SpaceSpecs, stack_depth
 
@@ -41,10 +42,13 @@ def eval_seeds(run_seed: int, eval_index: int, episodes: int) -> list[int]:
     return [base + i for i in range(episodes)]
 
 
-def make_vector_env(env_id: str, env_kwargs: dict[str, Any], num_envs: int) -> gym.vector.VectorEnv:
-    """SyncVectorEnv of `num_envs` copies; NEXT_STEP autoreset (gymnasium's default)."""
+def make_vector_env(
+    env_id: str, env_kwargs: dict[str, Any], num_envs: int, *, training: bool
+) -> gym.vector.VectorEnv:
+    """SyncVectorEnv of `num_envs` copies made by make_env (collection: `training`; greedy
+    evaluation: not); NEXT_STEP autoreset (gymnasium's default)."""
     return gym.vector.SyncVectorEnv(
-        [lambda: gym.make(env_id, **env_kwargs) for _ in range(num_envs)],
+        [lambda: make_env(env_id, env_kwargs, training=training) for _ in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
     )
 

@@ -85,7 +85,9 @@ class WorkerRuntime:
         index = int(self.client.incr(keys.actor_counter)) - 1
         seeds = env_seeds(req.seed, index, req.num_envs)
         rule = parse_sync(req.sync, req.max_lag_versions, req.max_lag_seconds, type(req.behaviour))
-        actor = Actor(make_vector_env(req.env_id, req.env_kwargs, req.num_envs), seeds)
+        actor = Actor(
+            make_vector_env(req.env_id, req.env_kwargs, req.num_envs, training=True), seeds
+        )
         return RunState(
             actor=actor,
             # Reference states are read as the env's own observations (dtype and shape).

@@ -52,7 +52,10 @@ class EvalRunner:
         if self._envs is None or self._envs[0] != shape:
             if self._envs is not None:
                 self._envs[1].close()
-            self._envs = (shape, make_vector_env(req.env_id, req.env_kwargs, len(req.seeds)))
+            self._envs = (
+                shape,
+                make_vector_env(req.env_id, req.env_kwargs, len(req.seeds), training=False),
+            )
         return self._envs[1]
 
     def run(self, req: EvalRequest) -> dict[str, Any]:

@@ -112,8 +112,8 @@ def test_cartpole_through_make_vector_env_is_seeded_and_truncates():
     kwargs = {"max_episode_steps": 6}
     seeds = env_seeds(5, actor_index=2, num_envs=3)
     assert seeds == [5 * 1_000_003 + 6 + i for i in range(3)]
-    a = Actor(make_vector_env("CartPole-v1", kwargs, 3), seeds).collect(lean, 14)
-    b = Actor(make_vector_env("CartPole-v1", kwargs, 3), seeds).collect(lean, 14)
+    a = Actor(make_vector_env("CartPole-v1", kwargs, 3, training=True), seeds).collect(lean, 14)
+    b = Actor(make_vector_env("CartPole-v1", kwargs, 3, training=True), seeds).collect(lean, 14)
     for name in a.arrays:
         np.testing.assert_array_equal(a.arrays[name], b.arrays[name])
     local = gym.make("CartPole-v1", **kwargs)

@@ -73,7 +73,10 @@ def test_run_cache_needs_room_for_one_run(size):
 def cartpole_state(weights: FakeWeightClient, writer: FakeWriter, num_envs: int) -> RunState:
     seeds = env_seeds(1, 3, num_envs)
     return RunState(
-        actor=Actor(make_vector_env("CartPole-v1", {"max_episode_steps": 10}, num_envs), seeds),
+        actor=Actor(
+            make_vector_env("CartPole-v1", {"max_episode_steps": 10}, num_envs, training=True),
+            seeds,
+        ),
         weights=weights,
         writer=writer,
         actor_index=3,
