@@ -22,8 +22,11 @@ import numpy as np
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.frames import FRAMES, NEXT_FRAMES, OBS_FRAMES
 
-# Frame slots per transition slot: room for the frames a chunk adds beyond one per transition.
-FRAME_SLACK = 1.03
+# Frame slots per transition slot. A chunk adds a little over one frame per transition (its first
+# stacks, each episode's first frame: 1.008 for Pong in chunks of 8 x 128), so the ring holds
+# about one frame per transition and the oldest ~1% of transitions, whose first frames are
+# already overwritten, are not sampled: more slack would cost 7 KB a slot for rows rarely used.
+FRAME_SLACK = 1.0
 # Resamples of a batch's rows whose frames were overwritten, before giving up on them.
 RESAMPLES = 8
 

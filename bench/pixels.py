@@ -1,0 +1,139 @@
+"""Pixels on the wire and in replay: bytes per transition and the learner's ingest rate.
+
+Chunks are collected by the workers' own Actor from a frame-stacked env (`ALE/Pong-v5` with the
+DQN wrapper stack of pipeline/envs/, random actions), so they carry each frame once as the
+workers send them (pipeline/frames.py). Measured:
+- wire: bytes of the encoded stream entries per transition;
+- ingest: transitions/s from a pre-filled stream on the embedded server through StreamReader.poll
+  (read, decode, validate, dedupe) into DQN's frame replay (learner/replay/frames.py), then ack;
+- replay: its bytes per transition it can still sample, once filled past its capacity twice.
+Targets (issue 30): ingest >= 50,000 transitions/s; wire and replay <= 7.5 KB per transition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import machine, mark_start, median, table, write_results
+from clusterenv.learner.replay.frames import FrameReplay
+from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
+from clusterenv.pipeline.chunks.stream import StreamReader
+from clusterenv.pipeline.cluster.embedded import EmbeddedServer
+from clusterenv.pipeline.codec import encode_chunk
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import RunKeys
+
+FRAME_BYTES = 84 * 84
+
+
+def collect(env: str, envs: int, steps: int, chunks: int, seed: int) -> tuple[list, Any]:
+    """`chunks` chunks of `envs` x `steps` env steps, collected as a worker does."""
+    actor = Actor(make_vector_env(env, {}, envs, training=True), env_seeds(seed, 0, envs))
+    rng = np.random.default_rng(seed)
+    n = actor.spaces.action.n
+
+    def act(obs: np.ndarray) -> tuple[np.ndarray, dict]:
+        return rng.integers(n, size=len(obs)), {}
+
+    out = [actor.collect(act, steps).arrays for _ in range(chunks)]
+    actor.close()
+    return out, actor.spaces
+
+
+def header(run_id: str, chunk: int, rows: int) -> dict[str, Any]:
+    return {"run": run_id, "chunk": chunk, "worker": "bench@host:1", "policy_version": 0,
+            "env_steps": rows, "episodes": [], "sync": {"weight_fetches": 1}}  # fmt: skip
+
+
+def ingest_rate(url: str, chunks: list, spaces: Any, total: int, capacity: int) -> dict[str, float]:
+    """Pre-fill a stream with `total` chunks (the collected ones over again), then time the
+    learner's path from the stream into the frame replay."""
+    client, run_id = connect(url), f"bench-pixels-{uuid.uuid4().hex[:8]}"
+    keys = RunKeys(run_id)
+    pipe = client.pipeline(transaction=False)
+    rows = 0
+    for i in range(total):
+        arrays = chunks[i % len(chunks)]
+        rows += len(arrays["action"])
+        pipe.xadd(keys.stream, encode_chunk(header(run_id, i, len(arrays["action"])), arrays))
+        if i % 16 == 15:
+            pipe.execute()
+    pipe.execute()
+    reader = StreamReader(connect(url, blocking=True), keys, spaces)
+    replay = FrameReplay(capacity, spaces.stack, spaces.frame, spaces.action.array)
+    t0, c0 = time.perf_counter(), time.process_time()
+    while reader.stats.chunks < total:
+        reader.poll(lambda h, a: replay.insert(a), block_ms=1000, count=16)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    assert reader.stats.transitions == rows and not reader.stats.rejected
+    client.delete(keys.stream)
+    return {"rate": rows / wall, "wall_s": wall, "cpu_s": cpu, "transitions": rows}
+
+
+def replay_bytes(chunks: list, spaces: Any, capacity: int) -> dict[str, float]:
+    """Fill a frame replay past twice its capacity; bytes per transition it can still sample."""
+    replay = FrameReplay(capacity, spaces.stack, spaces.frame, spaces.action.array)
+    i = 0
+    while replay.inserted < 2 * capacity:
+        replay.insert(chunks[i % len(chunks)])
+        i += 1
+    alive = int(replay._alive(np.arange(replay.size)).sum())
+    return {"bytes_per_transition": replay.nbytes / alive, "alive": alive, "capacity": capacity,
+            "frames_per_transition": replay.frame_count / replay.inserted}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--env", default="ALE/Pong-v5", help="a frame-stacked env id")
+    p.add_argument("--envs", type=int, default=8, help="envs per chunk (a worker's)")
+    p.add_argument("--steps", type=int, default=128, help="steps per env in a chunk")
+    p.add_argument("--chunks", type=int, default=8, help="distinct chunks collected")
+    p.add_argument("--stream-chunks", type=int, default=64, help="chunks ingested per repeat")
+    p.add_argument("--capacity", type=int, default=50_000, help="frame replay capacity")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, help="results file (default: bench/results/pixels.json)")
+    args = p.parse_args()
+    mark_start()
+    chunks, spaces = collect(args.env, args.envs, args.steps, args.chunks, args.seed)
+    rows = sum(len(c["action"]) for c in chunks)
+    wire = sum(sum(len(v) for v in encode_chunk(header("r", 0, 0), c).values()) for c in chunks)
+    server = EmbeddedServer()
+    try:
+        url = server.start()
+        runs = [ingest_rate(url, chunks, spaces, args.stream_chunks, args.capacity)
+                for _ in range(args.repeats)]  # fmt: skip
+    finally:
+        server.stop()
+    memory = replay_bytes(chunks, spaces, args.capacity)
+    result = {
+        "env": args.env,
+        "chunk": f"{args.envs}x{args.steps}",
+        "wire_bytes_per_transition": wire / rows,
+        "frames_per_transition_on_wire": sum(len(c["frames"]) for c in chunks) / rows,
+        "ingest_transitions_per_s": median([r["rate"] for r in runs]),
+        "ingest_runs": runs,
+        "replay": memory,
+    }
+    print(table([{
+        "env": args.env, "chunk": result["chunk"],
+        "wire B/transition": round(result["wire_bytes_per_transition"]),
+        "replay B/transition": round(memory["bytes_per_transition"]),
+        "frame": FRAME_BYTES,
+        "ingest transitions/s (median)": round(result["ingest_transitions_per_s"]),
+    }], ["env", "chunk", "wire B/transition", "replay B/transition", "frame",
+         "ingest transitions/s (median)"]))  # fmt: skip
+    print(f"machine: {machine()}")
+    write_results(
+        "pixels", {"args": {**vars(args), "out": str(args.out)}, "result": result}, args.out
+    )
+
+
+if __name__ == "__main__":
+    main()
