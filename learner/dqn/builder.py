@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gymnasium as gym
-import numpy as np
 
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.core.agent import Agent
@@ -35,7 +34,7 @@ def build_dqn(
         d.buffer_size, obs_space.shape, obs_space.dtype, action_spec(act_space).array
     )
     learner = DQNLearner(
-        int(np.prod(obs_space.shape)), int(act_space.n), d, replay, limiter, cfg.seed,
+        obs_space.shape, int(act_space.n), d, replay, limiter, cfg.seed,
         total_steps=cfg.total_steps, save_replay=cfg.checkpoint.checkpoint_replay,
     )  # fmt: skip
     return Agent(learner, limiter, d.publish_every, lambda steps: EpsilonGreedy(d.epsilon(steps)),

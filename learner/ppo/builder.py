@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import gymnasium as gym
-import numpy as np
 
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.core.agent import Agent
@@ -31,9 +30,7 @@ def build_ppo(
     limiter = RateLimiter(
         1.0, 0, p.batch_steps + max(chunk * cfg.collection.error_buffer_chunks, task)
     )
-    learner = PPOLearner(
-        int(np.prod(obs_space.shape)), int(act_space.n), p, limiter, lag_versions, seed=cfg.seed
-    )
+    learner = PPOLearner(obs_space.shape, int(act_space.n), p, limiter, lag_versions, seed=cfg.seed)
     # An APS worker whose policy the learner would drop must fetch, or the run stalls: the
     # dropped chunks stop learning, so the divergence that would trigger the fetch never grows.
     # Half the max lag leaves room for the versions published while a chunk is on its way.
