@@ -43,7 +43,7 @@ def clusterenv_ms(steps: int, data: dict[str, np.ndarray]) -> float:
     replay.add(data["obs"], data["action"], data["reward"], data["next_obs"], data["terminated"])
     limiter = RateLimiter(samples_per_insert=1e9, min_size=1, error_buffer=0.0)
     limiter.on_insert(ROWS)
-    learner = DQNLearner(4, 2, DQNConfig(), replay, limiter, seed=1)
+    learner = DQNLearner((4,), 2, DQNConfig(), replay, limiter, seed=1)
     for _ in range(100):
         learner.step()
     t0 = time.perf_counter()

@@ -1,38 +1,56 @@
-"""The acting side of a published network: a numpy MLP, and the two ways workers act with it.
+"""The acting side of a published network: numpy forwards of the weight-name contract, and the
+two ways workers act with them.
 
-Workers act with numpy rather than torch: for CartPole-sized nets it is faster per step and keeps
-torch out of the worker's hot loop. Weight names follow `layers.{i}.weight` / `layers.{i}.bias`,
-as the learner's `MLP.get_weights` (learner/core/networks.py) writes them (for PPO, of its policy network).
-The outputs are Q-values (DQN: act ε-greedily) or logits (PPO: sample the categorical policy);
-which one a chunk uses is its behaviour value (pipeline/behaviour.py).
+Workers act with numpy, not torch: the worker install has no torch, and for CartPole-sized nets
+numpy is faster per step anyway. The outputs are Q-values (DQN: act ε-greedily) or logits (PPO:
+sample the categorical policy); which one a chunk uses is its behaviour value
+(pipeline/behaviour.py).
+
+The weight-name contract, in this one place. A network the workers act with (what the learner's
+`get_weights()` publishes: MLP or ConvNet of learner/core/networks.py; a weights blob;
+best.safetensors; a checkpoint's acting network under its prefix) is a flat dict of arrays that
+describes it alone:
+
+    input.shape        int (3,)                 conv nets only: (C, H, W) of one observation,
+                                                channel-first
+    input.scale        float (1,)               conv nets only: observations are multiplied by it
+                                                first (1/255 for uint8 frames, 1 for 0/1 planes)
+    conv.{i}.weight    float (out, in, kh, kw)  i = 0, 1, ...: valid (unpadded) convolutions,
+    conv.{i}.bias      float (out,)             ReLU after each
+    conv.{i}.stride    int (1,)                 its stride, the same along H and W
+    layers.{i}.weight  float (out, in)          i = 0, 1, ...: linear layers, ReLU between them;
+    layers.{i}.bias    float (out,)             the last one's outputs are Q-values or logits
+
+Without `input.*` and `conv.*` the arrays are an MLP on flattened observations (NumpyMLP). With
+them a conv net (NumpyConvNet): each convolution takes the previous one's channels and its kernel
+fits the previous one's output, and the last output, flattened in (C, H, W) order, is `layers.0`'s
+input. No other name may appear. Floats may be float16, 32 or 64 (the forward runs in float32);
+the integers stay integers. `numpy_policy(arrays)` and `load_policy(blob)` return whichever network
+the arrays describe, or raise a ValueError naming the first array that does not fit.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from clusterenv.pipeline.codec import decode_weights
 
+# Every name of the contract starts with one of these (what a file of an acting network holds).
+NETWORK_PREFIXES = ("input.", "conv.", "layers.")
+
 
 class NumpyMLP:
-    """Linear layers with ReLU between them; the last layer's outputs are Q-values or logits."""
+    """Linear layers with ReLU between them, on flattened observations; the last layer's outputs
+    are Q-values or logits."""
 
     def __init__(self, weights: Mapping[str, np.ndarray]):
         """Layers from `layers.{i}.weight` / `.bias`; ValueError names the first one that does not fit."""
-        count = 0
-        while f"layers.{count}.weight" in weights:
-            count += 1
-        if count == 0:
-            raise ValueError("weights hold no 'layers.0.weight'")
-        self.layers = [_layer(weights, i) for i in range(count)]
-        for i in range(1, count):
-            if self.layers[i][0].shape[0] != self.layers[i - 1][1].shape[0]:
-                raise ValueError(
-                    f"layers.{i}.weight takes {self.layers[i][0].shape[0]} inputs, "
-                    f"layers.{i - 1} gives {self.layers[i - 1][1].shape[0]}"
-                )
+        self.layers = _dense_layers(weights)
+        _refuse_others(weights, 0, len(self.layers))
 
     @property
     def num_inputs(self) -> int:
@@ -42,35 +60,198 @@ class NumpyMLP:
     def num_outputs(self) -> int:
         return self.layers[-1][1].shape[0]
 
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return (self.num_inputs,)
+
+    def takes(self, obs_shape: tuple[int, ...]) -> bool:
+        """Whether observations of `obs_shape` fit: any shape of `num_inputs` values."""
+        return math.prod(obs_shape) == self.num_inputs
+
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
-        last = len(self.layers) - 1
-        for i, (w_t, b) in enumerate(self.layers):
-            x = x @ w_t
-            x += b
-            if i < last:
-                np.maximum(x, 0.0, out=x)
-        return x
+        return _dense_forward(np.asarray(obs, dtype=np.float32).reshape(len(obs), -1), self.layers)
 
 
-def _layer(weights: Mapping[str, np.ndarray], i: int) -> tuple[np.ndarray, np.ndarray]:
-    """(weight transposed, bias) of layer `i`, checked: finite floats, a (out, in) matrix, (out,) bias."""
-    w, b = weights[f"layers.{i}.weight"], weights.get(f"layers.{i}.bias")
-    if b is None:
-        raise ValueError(f"layers.{i}.bias is missing")
-    for name, a, ndim in ((f"layers.{i}.weight", w, 2), (f"layers.{i}.bias", b, 1)):
-        if a.dtype.kind != "f" or a.ndim != ndim or 0 in a.shape:
-            raise ValueError(f"{name}: {a.dtype} {a.shape} is not a non-empty {ndim}-d float array")
-        if not np.isfinite(a).all():
-            raise ValueError(f"{name} has non-finite values")
-    if b.shape[0] != w.shape[0]:
-        raise ValueError(f"layers.{i}.bias has {b.shape[0]} values for {w.shape[0]} outputs")
-    return np.ascontiguousarray(w.T, dtype=np.float32), np.asarray(b, dtype=np.float32)
+class NumpyConvNet:
+    """Valid convolutions with ReLU after each, then linear layers with ReLU between them, on
+    channel-first observations of `input_shape`; the last layer's outputs are Q-values or logits.
+
+    Convolutions are im2col + one matrix product each, activations kept (N, H, W, C) so each row
+    of the im2col matrix copies whole channel vectors: for a batch of 8 observations that measured
+    faster than `einsum` / `tensordot` over sliding windows in (N, C, H, W) (bench/conv_forward.py).
+    """
+
+    def __init__(self, weights: Mapping[str, np.ndarray]):
+        """Layers from `input.*`, `conv.{i}.*` and `layers.{i}.*`, their shapes chained from the
+        observation's; ValueError names the first array that does not fit."""
+        shape = _ints(weights, "input.shape", 3, "3 positive integers (C, H, W)")
+        scale = _floats(weights, "input.scale", 1)
+        if scale.shape != (1,):
+            raise ValueError(f"input.scale: {scale.shape} is not one value")
+        count = _count(weights, "conv")
+        if count == 0:
+            raise ValueError("weights hold no 'conv.0.weight' (input.* makes a conv net)")
+        self.input_shape: tuple[int, ...] = shape
+        self.scale = np.float32(scale[0])
+        self.convs: list[tuple[np.ndarray, np.ndarray, int, int, int]] = []
+        c, h, w = shape
+        for i in range(count):
+            kernel = _floats(weights, f"conv.{i}.weight", 4)
+            bias = _floats(weights, f"conv.{i}.bias", 1)
+            (stride,) = _ints(weights, f"conv.{i}.stride", 1, "one positive integer")
+            out, inp, kh, kw = kernel.shape
+            if bias.shape[0] != out:
+                raise ValueError(f"conv.{i}.bias has {bias.shape[0]} values for {out} channels")
+            source = "input.shape" if i == 0 else f"conv.{i - 1}"
+            if inp != c:
+                raise ValueError(f"conv.{i}.weight takes {inp} channels, {source} gives {c}")
+            if kh > h or kw > w:
+                raise ValueError(
+                    f"conv.{i}.weight: its {kh}x{kw} kernel does not fit the {h}x{w} that "
+                    f"{source} gives"
+                )
+            c, h, w = out, (h - kh) // stride + 1, (w - kw) // stride + 1
+            # Rows in (kh, kw, C) order, as the im2col matrix's columns.
+            matrix = kernel.transpose(2, 3, 1, 0).reshape(kh * kw * inp, out)
+            self.convs.append((np.ascontiguousarray(matrix, dtype=np.float32),
+                               np.asarray(bias, dtype=np.float32), stride, kh, kw))  # fmt: skip
+        self.layers = _dense_layers(weights)
+        w0, b0 = self.layers[0]
+        if w0.shape[0] != c * h * w:
+            raise ValueError(
+                f"layers.0.weight takes {w0.shape[0]} inputs, conv.{count - 1} gives "
+                f"{c}x{h}x{w} = {c * h * w}"
+            )
+        _refuse_others(weights, count, len(self.layers))
+        # layers.0 reads features in (C, H, W) order, the forward has them in (H, W, C): its rows
+        # are reordered once here instead of the features at every call.
+        w0 = w0.reshape(c, h, w, -1).transpose(1, 2, 0, 3).reshape(c * h * w, -1)
+        self.layers[0] = (np.ascontiguousarray(w0), b0)
+
+    @property
+    def num_inputs(self) -> int:
+        return math.prod(self.input_shape)
+
+    @property
+    def num_outputs(self) -> int:
+        return self.layers[-1][1].shape[0]
+
+    def takes(self, obs_shape: tuple[int, ...]) -> bool:
+        """Whether observations of `obs_shape` fit: `input_shape` exactly."""
+        return tuple(obs_shape) == self.input_shape
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        obs = np.asarray(obs)
+        if obs.shape[1:] != self.input_shape:
+            raise ValueError(f"observations of shape {obs.shape[1:]} for a {self.input_shape} net")
+        x = obs.astype(np.float32)
+        x *= self.scale
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))  # (N, H, W, C)
+        n = len(x)
+        for matrix, bias, stride, kh, kw in self.convs:
+            windows = sliding_window_view(x, (kh, kw), axis=(1, 2))[:, ::stride, ::stride]
+            h, w = windows.shape[1:3]
+            # im2col: one row per output pixel, its window in (kh, kw, C) order (a copy).
+            rows = windows.transpose(0, 1, 2, 4, 5, 3).reshape(n * h * w, matrix.shape[0])
+            y = rows @ matrix
+            y += bias
+            np.maximum(y, 0.0, out=y)
+            x = y.reshape(n, h, w, -1)
+        return _dense_forward(x.reshape(n, -1), self.layers)
 
 
-def load_policy(blob: bytes) -> NumpyMLP:
+NumpyPolicy = NumpyMLP | NumpyConvNet
+
+
+def numpy_policy(weights: Mapping[str, np.ndarray]) -> NumpyPolicy:
+    """The network the arrays describe: a conv net if any name starts `input.` or `conv.`, else an
+    MLP; ValueError names the first array that does not fit."""
+    if any(name.startswith(("input.", "conv.")) for name in weights):
+        return NumpyConvNet(weights)
+    return NumpyMLP(weights)
+
+
+def load_policy(blob: bytes) -> NumpyPolicy:
     """The policy in a safetensors blob; ValueError (CodecError for the bytes) names what is wrong."""
-    return NumpyMLP(decode_weights(blob))
+    return numpy_policy(decode_weights(blob))
+
+
+def _dense_forward(x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    last = len(layers) - 1
+    for i, (w_t, b) in enumerate(layers):
+        x = x @ w_t
+        x += b
+        if i < last:
+            np.maximum(x, 0.0, out=x)
+    return x
+
+
+def _count(weights: Mapping[str, np.ndarray], group: str) -> int:
+    """How many `{group}.{i}.weight` there are for i = 0, 1, ... without a gap."""
+    count = 0
+    while f"{group}.{count}.weight" in weights:
+        count += 1
+    return count
+
+
+def _dense_layers(weights: Mapping[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(weight transposed, bias) of each `layers.{i}`, checked: finite floats, (out, in) matrices,
+    (out,) biases, each taking what the one before gives."""
+    count = _count(weights, "layers")
+    if count == 0:
+        raise ValueError("weights hold no 'layers.0.weight'")
+    layers: list[tuple[np.ndarray, np.ndarray]] = []
+    for i in range(count):
+        w = _floats(weights, f"layers.{i}.weight", 2)
+        b = _floats(weights, f"layers.{i}.bias", 1)
+        if b.shape[0] != w.shape[0]:
+            raise ValueError(f"layers.{i}.bias has {b.shape[0]} values for {w.shape[0]} outputs")
+        if i > 0 and w.shape[1] != layers[-1][1].shape[0]:
+            raise ValueError(f"layers.{i}.weight takes {w.shape[1]} inputs, "
+                             f"layers.{i - 1} gives {layers[-1][1].shape[0]}")  # fmt: skip
+        layers.append(
+            (np.ascontiguousarray(w.T, dtype=np.float32), np.asarray(b, dtype=np.float32))
+        )
+    return layers
+
+
+def _floats(weights: Mapping[str, np.ndarray], name: str, ndim: int) -> np.ndarray:
+    """The array `name`, checked: present, non-empty, finite floats of `ndim` dimensions."""
+    a = weights.get(name)
+    if a is None:
+        raise ValueError(f"{name} is missing")
+    if a.dtype.kind != "f" or a.ndim != ndim or 0 in a.shape:
+        raise ValueError(f"{name}: {a.dtype} {a.shape} is not a non-empty {ndim}-d float array")
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} has non-finite values")
+    return a
+
+
+def _ints(weights: Mapping[str, np.ndarray], name: str, size: int, what: str) -> tuple[int, ...]:
+    """The `size` positive integers of the array `name`; ValueError saying `what` it must be."""
+    a = weights.get(name)
+    if a is None:
+        raise ValueError(f"{name} is missing")
+    if a.dtype.kind not in "iu" or a.shape != (size,):
+        raise ValueError(f"{name}: {a.dtype} {a.shape} is not {what}")
+    if (a < 1).any():
+        raise ValueError(f"{name}: {a.tolist()} is not {what}")
+    return tuple(int(v) for v in a)
+
+
+def _refuse_others(weights: Mapping[str, np.ndarray], convs: int, layers: int) -> None:
+    """ValueError for the first name that is not part of a net of `convs` convolutions and
+    `layers` linear layers (the input's two arrays come with convolutions)."""
+    names = {f"layers.{i}.{part}" for i in range(layers) for part in ("weight", "bias")}
+    if convs:
+        names |= {"input.shape", "input.scale"}
+        names |= {f"conv.{i}.{part}" for i in range(convs) for part in ("weight", "bias", "stride")}
+    for name in weights:
+        if name not in names:
+            raise ValueError(
+                f"{name!r} is no part of a network of {convs} convolutions and {layers} linear "
+                "layers"
+            )
 
 
 def epsilon_greedy(q_values: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from clusterenv.pipeline.behaviour import Behaviour
-from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.policy import NumpyPolicy
 
 Sink = Callable[[dict[str, Any], dict[str, np.ndarray]], None]
 # How the learner's dispatch and evaluation send a task: (task name, JSON kwargs).
@@ -66,7 +66,7 @@ class WeightClient(SyncState, Protocol):
     last_divergence: float | None
     run_stopped: bool
 
-    def sync(self, behaviour: Behaviour) -> NumpyMLP | None:
+    def sync(self, behaviour: Behaviour) -> NumpyPolicy | None:
         """The policy for the next chunk, to act with as `behaviour` says; None once the run has
         stopped (`run_stopped`)."""
         ...

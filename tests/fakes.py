@@ -40,6 +40,33 @@ def net(seed: int) -> dict[str, np.ndarray]:
     }
 
 
+# (out channels, kernel, stride) of each convolution; the shapes of learner/core/networks.py.
+NATURE = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+MINATAR = ((16, 3, 1),)
+
+
+def conv_weights(
+    shape: tuple[int, int, int], convs=MINATAR, dense=(128,), outputs: int = 3,
+    scale: float = 1.0, seed: int = 0,
+) -> dict[str, np.ndarray]:  # fmt: skip
+    """Random weights of the contract for observations of `shape`."""
+    rng = np.random.default_rng(seed)
+    w = {"input.shape": np.array(shape, np.int64), "input.scale": np.array([scale], np.float32)}
+    c, h, wd = shape
+    for i, (out, k, s) in enumerate(convs):
+        w[f"conv.{i}.weight"] = (rng.normal(size=(out, c, k, k)) / np.sqrt(c * k * k)).astype(
+            np.float32
+        )
+        w[f"conv.{i}.bias"] = rng.normal(scale=0.1, size=out).astype(np.float32)
+        w[f"conv.{i}.stride"] = np.array([s], np.int64)
+        c, h, wd = out, (h - k) // s + 1, (wd - k) // s + 1
+    sizes = [c * h * wd, *dense, outputs]
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        w[f"layers.{i}.weight"] = (rng.normal(size=(b, a)) / np.sqrt(a)).astype(np.float32)
+        w[f"layers.{i}.bias"] = rng.normal(scale=0.1, size=b).astype(np.float32)
+    return w
+
+
 def url_of(client: redis.Redis) -> str:
     """The redis:// URL a client is connected to (to open a second, blocking connection)."""
     kw = client.connection_pool.connection_kwargs

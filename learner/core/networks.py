@@ -1,17 +1,21 @@
-"""The torch side of the weight-name contract: an MLP whose parameters are `layers.{i}.weight`
-and `layers.{i}.bias`, what pipeline/policy.py's NumpyMLP reads on the workers; and the
-networks' part of a checkpoint.
+"""The torch side of the weight-name contract (pipeline/policy.py's docstring): the networks the
+agents train and publish, and their part of a checkpoint.
+
+`build_network` makes one from the observation's shape and `--torso`: an MLP (`layers.{i}.*`) on
+flattened observations, or a ConvNet (`input.*`, `conv.{i}.*`, `layers.{i}.*`) with the Nature
+DQN's torso for 84x84 frames or MinAtar's for 10x10 planes; the workers' numpy_policy reads either.
 
 The MLP's backward pass is also written out by hand (`MLP.backward`): for a small MLP on one CPU
 core, autograd's bookkeeping cost more than the matrix products (bench/update_cost.py), and
-tests check the result against autograd's.
+tests check the result against autograd's. A ConvNet goes through autograd.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -74,15 +78,138 @@ class MLP(nn.Module):
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Numpy copies named `layers.{i}.weight|bias`, the names NumpyMLP reads."""
-        return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
+        return state_arrays(self)
+
+
+# --- conv nets ------------------------------------------------------------------------------------
+Torso = Literal["auto", "mlp", "nature", "minatar"]
+
+
+@dataclass(frozen=True)
+class ConvTorso:
+    convs: tuple[tuple[int, int, int], ...]  # (out channels, kernel, stride) of each convolution
+    dense: tuple[int, ...]  # the linear layers after them, before the output layer
+    scale: float  # what observations are multiplied by first
+    frame: tuple[int, int]  # the (H, W) that --torso auto picks this torso for
+
+
+CONV_TORSOS = {
+    # Mnih et al. 2015, as CleanRL's dqn_atari.py and ppo_atari.py: uint8 frames scaled to [0, 1].
+    "nature": ConvTorso(((32, 8, 4), (64, 4, 2), (64, 3, 1)), (512,), 1 / 255, (84, 84)),
+    # Young & Tian 2019, MinAtar's DQN: 0/1 planes, unscaled.
+    "minatar": ConvTorso(((16, 3, 1),), (128,), 1.0, (10, 10)),
+}
+
+
+class Conv(nn.Module):
+    """A valid (unpadded) 2-d convolution whose stride is a buffer beside its weight and bias, so
+    that it travels with them (`conv.{i}.stride`). Fixed at construction, as the layer's shape."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel: int, stride: int):
+        super().__init__()
+        torch_default = nn.Conv2d(in_channels, out_channels, kernel, stride)  # its initialization
+        self.weight, self.bias = torch_default.weight, torch_default.bias
+        self.register_buffer("stride", torch.tensor([stride]))
+        self._stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.conv2d(x, self.weight, self.bias, self._stride)
+
+
+class ObservationInput(nn.Module):
+    """`input.shape` and `input.scale` as buffers: they travel with the weights too."""
+
+    def __init__(self, shape: tuple[int, int, int], scale: float):
+        super().__init__()
+        self.register_buffer("shape", torch.tensor(shape))
+        self.register_buffer("scale", torch.tensor([scale], dtype=torch.float32))
+
+
+class ConvNet(nn.Module):
+    """A conv torso (ReLU after each convolution), its linear layers and the output layer, ReLU
+    between them, on channel-first observations of any dtype (uint8 frames: cast, then scaled)."""
+
+    def __init__(self, obs_shape: tuple[int, int, int], num_outputs: int, torso: ConvTorso):
+        super().__init__()
+        self.input = ObservationInput(obs_shape, torso.scale)
+        c, h, w = obs_shape
+        convs = []
+        for out, kernel, stride in torso.convs:
+            convs.append(Conv(c, out, kernel, stride))
+            c, h, w = out, (h - kernel) // stride + 1, (w - kernel) // stride + 1
+        self.conv = nn.ModuleList(convs)
+        sizes = [c * h * w, *torso.dense, num_outputs]
+        self.layers = nn.ModuleList(
+            nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)
+        )
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float() * self.input.scale
+        for conv in self.conv:
+            x = torch.relu(conv(x))
+        x = x.flatten(1)  # (C, H, W) order, as the contract says
+        for i, layer in enumerate(self.layers):
+            if i > 0:
+                x = torch.relu(x)
+            x = layer(x)
+        return x
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Numpy copies named `input.*`, `conv.{i}.*` and `layers.{i}.*`, what NumpyConvNet reads."""
+        return state_arrays(self)
+
+
+def pick_torso(obs_shape: tuple[int, ...], torso: Torso = "auto") -> str:
+    """The torso `--torso` names; for `auto` the one the observation's shape calls for: a conv
+    torso for channel-first (C, H, W) of its frame (nature: 84x84, minatar: 10x10), else mlp (any
+    other shape, flattened). ValueError naming the flag if a conv torso cannot take the shape."""
+    if torso == "auto":
+        frames = {t.frame: name for name, t in CONV_TORSOS.items()}
+        return frames.get(tuple(obs_shape[1:]), "mlp") if len(obs_shape) == 3 else "mlp"
+    if torso == "mlp":
+        return torso
+    if torso not in CONV_TORSOS:
+        raise ValueError(f"--torso must be auto, mlp, {' or '.join(CONV_TORSOS)}, got {torso!r}")
+    if len(obs_shape) != 3:
+        raise ValueError(f"--torso {torso} takes channel-first (C, H, W) observations, not "
+                         f"shape {tuple(obs_shape)}")  # fmt: skip
+    h, w = obs_shape[1:]
+    for _, kernel, stride in CONV_TORSOS[torso].convs:
+        if kernel > min(h, w):
+            raise ValueError(f"--torso {torso}: its convolutions do not fit observations of "
+                             f"shape {tuple(obs_shape)}")  # fmt: skip
+        h, w = (h - kernel) // stride + 1, (w - kernel) // stride + 1
+    return torso
+
+
+def build_network(
+    obs_shape: tuple[int, ...], num_outputs: int, torso: Torso, hidden: list[int]
+) -> MLP | ConvNet:
+    """The network for observations of `obs_shape` with `num_outputs` outputs (one per action, or
+    1 for a value), on the torso `pick_torso` chooses; `hidden` sizes the MLP's hidden layers (a
+    conv torso has its own linear layer)."""
+    kind = pick_torso(obs_shape, torso)
+    if kind == "mlp":
+        return MLP(math.prod(obs_shape), num_outputs, hidden)
+    c, h, w = obs_shape
+    return ConvNet((c, h, w), num_outputs, CONV_TORSOS[kind])
+
+
+def weighted_layers(net: nn.Module) -> list[nn.Module]:
+    """The layers with a weight and a bias, from input to output (convolutions, then linear)."""
+    return [m for m in net.modules() if isinstance(m, (Conv, nn.Linear))]
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+def state_arrays(net: nn.Module) -> dict[str, np.ndarray]:
+    """Numpy copies of a net's parameters and buffers, by their state_dict names."""
+    return {k: v.detach().cpu().numpy().copy() for k, v in net.state_dict().items()}
 
 
 def network_arrays(nets: Mapping[str, nn.Module]) -> dict[str, np.ndarray]:
     """Copies of each net's parameters, named `{its key}.{parameter}`."""
     return {
-        f"{prefix}.{k}": v.detach().cpu().numpy().copy()
-        for prefix, net in nets.items()
-        for k, v in net.state_dict().items()
+        f"{prefix}.{k}": v for prefix, net in nets.items() for k, v in state_arrays(net).items()
     }
 
 

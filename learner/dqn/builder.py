@@ -37,7 +37,7 @@ def build_dqn(cfg: TrainConfig[DQNConfig], spaces: SpaceSpecs) -> Agent:
         else ReplayBuffer(d.buffer_size, obs.row_shape, np.dtype(obs.dtype), action)
     )
     learner = DQNLearner(
-        int(np.prod(obs.row_shape)), spaces.action.n, d, replay, limiter, cfg.seed,
+        obs.row_shape, spaces.action.n, d, replay, limiter, cfg.seed,
         total_steps=cfg.total_steps, save_replay=cfg.checkpoint.checkpoint_replay,
     )  # fmt: skip
     return Agent(learner, limiter, d.publish_every, lambda steps: EpsilonGreedy(d.epsilon(steps)),

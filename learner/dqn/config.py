@@ -8,7 +8,7 @@ from typing import Annotated
 
 from tyro.conf import arg
 
-from clusterenv.learner.core.networks import hidden_sizes
+from clusterenv.learner.core.networks import Torso, hidden_sizes
 from clusterenv.learner.core.settings import require_positive
 
 
@@ -32,6 +32,11 @@ class DQNConfig:
     """discount"""
     hidden: str = "256,256"
     """hidden layer sizes of the Q-network, comma-separated"""
+    torso: Torso = "auto"
+    """the Q-network's torso: auto picks it from the observation's shape (nature: the Nature DQN's
+    convolutions for channel-first (C, 84, 84) frames, scaled by 1/255; minatar: MinAtar's for
+    (C, 10, 10) planes; mlp: --hidden on flattened observations, for any other shape); a conv
+    torso has its own linear layer (512, 128) and ignores --hidden"""
     target_update_every: int = 128
     """gradient steps between target-network copies"""
     max_grad_norm: float = 10.0

@@ -1,9 +1,10 @@
 """Double DQN: a Q-network, its target copy, and one gradient step on a replay minibatch.
 
 `DQNLearner.step()` is one update on a minibatch sampled from replay, when the rate limiter
-allows it; `update(batch)` is the math alone, with the Q-network's backward pass written out by
-hand (learner/core/networks.py). The learner owns replay and the rate limiter, and saves them
-with its networks and Adam's state when the run keeps replay in checkpoints.
+allows it; `update(batch)` is the math alone, with an MLP's backward pass written out by hand
+(learner/core/networks.py) and a conv net's through autograd. The learner owns replay and the
+rate limiter, and saves them with its networks and Adam's state when the run keeps replay in
+checkpoints.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from torch import nn
 from torch.optim.adam import adam as functional_adam
 
 from clusterenv.learner.core.agent import State
-from clusterenv.learner.core.networks import MLP, hidden_sizes, restore_training, save_training
+from clusterenv.learner.core.networks import (
+    MLP,
+    build_network,
+    hidden_sizes,
+    restore_training,
+    save_training,
+)
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.replay.frames import FrameReplay
 from clusterenv.learner.replay.rate_limiter import RateLimiter
@@ -29,7 +36,7 @@ class DQNLearner:
 
     def __init__(
         self,
-        obs_dim: int,
+        obs_shape: tuple[int, ...],
         num_actions: int,
         cfg: DQNConfig,
         replay: ReplayBuffer | FrameReplay,
@@ -38,12 +45,13 @@ class DQNLearner:
         total_steps: int = 0,
         save_replay: bool = False,
     ):
-        """`total_steps`: the run's env-step budget (the lr schedule's end); `save_replay`:
-        replay and the rate limiter go into checkpoints too (--checkpoint-replay)."""
+        """`obs_shape`: one observation's (the torso follows it, or --torso); `total_steps`: the
+        run's env-step budget (the lr schedule's end); `save_replay`: replay and the rate limiter
+        go into checkpoints too (--checkpoint-replay)."""
         torch.manual_seed(seed)
         hidden = hidden_sizes(cfg.hidden)
-        self.q = MLP(obs_dim, num_actions, hidden)
-        self.target = MLP(obs_dim, num_actions, hidden)
+        self.q = build_network(obs_shape, num_actions, cfg.torso, hidden)
+        self.target = build_network(obs_shape, num_actions, cfg.torso, hidden)
         self.target.load_state_dict(self.q.state_dict())
         self.target.requires_grad_(False)
         self._params = params = list(self.q.parameters())
@@ -91,7 +99,15 @@ class DQNLearner:
         reward = torch.from_numpy(batch["reward"])
         terminated = torch.from_numpy(batch["terminated"])
         n = len(obs)
-        if self.cfg.double:  # the online net picks the next action, the target net values it
+        if not isinstance(self.q, MLP):  # a conv net: autograd keeps what its backward needs
+            with torch.enable_grad():
+                q = self.q(obs)
+            if self.cfg.double:
+                next_action = self.q(next_obs).argmax(dim=1, keepdim=True)
+                next_q = self.target(next_obs).gather(1, next_action).squeeze(1)
+            else:
+                next_q = self.target(next_obs).max(dim=1).values
+        elif self.cfg.double:  # the online net picks the next action, the target net values it
             # One pass of the online net over states and next states (cheaper than two).
             q_both, inputs = self.q.forward_keeping_inputs(torch.cat([obs, next_obs]))
             q, inputs = q_both[:n], [x[:n] for x in inputs]
@@ -105,7 +121,12 @@ class DQNLearner:
         # The mean Huber loss's gradient: the TD error clipped to [-1, 1], over the batch, on
         # the action taken and zero on the others.
         grad_q = torch.zeros_like(q).scatter_(1, action, td_error.clamp(-1, 1).div_(n)[:, None])
-        self.q.backward(grad_q, inputs)
+        if isinstance(self.q, MLP):
+            self.q.backward(grad_q, inputs)
+        else:  # into the .grad views of the one buffer, as MLP.backward writes
+            grads = torch.autograd.grad(q, self._params, grad_q)
+            for p, g in zip(self._params, grads, strict=True):
+                p.grad.copy_(g)
         # clip_grad_norm_'s rule, on the one buffer all the .grad tensors view.
         norm = torch.linalg.vector_norm(self._grads)
         self._grads.mul_((self.cfg.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))

@@ -5,8 +5,9 @@ presets), so a run keeps, beside final.safetensors, the network whose evaluation
 Evaluation runs on the workers and its result comes back later, so the weights of the version
 asked about are held here until its result arrives; the file is written only when every part of
 that evaluation ran exactly that version (a part may fall back to a newer one, and then the
-score is not this network's). The file holds what the workers act with (`layers.{i}.*`, no
-prefix) and says in its metadata which evaluation chose it; `clusterenv eval` reads it.
+score is not this network's). The file holds what the workers act with (the weight-name
+contract of pipeline/policy.py, no prefix) and says in its metadata which evaluation chose it;
+`clusterenv eval` reads it.
 """
 
 from __future__ import annotations

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.core.agent import Agent
 from clusterenv.learner.ppo.config import PPOConfig
@@ -29,7 +27,7 @@ def build_ppo(
         1.0, 0, p.batch_steps + max(chunk * cfg.collection.error_buffer_chunks, task)
     )
     learner = PPOLearner(
-        int(np.prod(spaces.obs.row_shape)), spaces.action.n, p, limiter, lag_versions, seed=cfg.seed
+        spaces.obs.row_shape, spaces.action.n, p, limiter, lag_versions, seed=cfg.seed
     )
     # An APS worker whose policy the learner would drop must fetch, or the run stalls: the
     # dropped chunks stop learning, so the divergence that would trigger the fetch never grows.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from clusterenv.learner.core.networks import hidden_sizes
+from clusterenv.learner.core.networks import Torso, hidden_sizes
 from clusterenv.learner.core.settings import require_non_negative, require_positive
 
 
@@ -53,6 +53,12 @@ class PPOConfig:
     per PPO update) are dropped before training, and counted"""
     hidden: str = "64,64"
     """hidden layer sizes of the policy and of the value network, comma-separated"""
+    torso: Torso = "auto"
+    """the torso of the policy and of the value network (two networks, each its own torso of
+    this kind): auto picks it from the observation's shape (nature: the Nature DQN's
+    convolutions for channel-first (C, 84, 84) frames, scaled by 1/255; minatar: MinAtar's for
+    (C, 10, 10) planes; mlp: --hidden on flattened observations, for any other shape); a conv
+    torso has its own linear layer (512, 128) and ignores --hidden"""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""

@@ -14,8 +14,10 @@ ingest thread queues whole chunks here (`insert`); `step()` is one PPO update:
    π_learner / π_behaviour truncated at 1 with the behaviour log-prob the worker recorded
    (decoupled PPO); `--clip-center behaviour` takes the ratio against π_behaviour (APPO).
 
-Only the policy network is published (names `layers.{i}.*`, what pipeline.policy.NumpyMLP reads);
-the critic stays here. docs/architecture.md (PPO) says why.
+Only the policy network is published (the weight-name contract of pipeline/policy.py, what the
+workers' numpy_policy reads); the critic stays here. docs/architecture.md (PPO) says why. Policy
+and critic are two networks on the same kind of torso (`--torso`), not one shared torso as in
+CleanRL's ppo_atari.py: the published policy stays a network of its own.
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ import torch
 from torch import nn
 
 from clusterenv.learner.core.agent import State
-from clusterenv.learner.core.networks import MLP, hidden_sizes, restore_training, save_training
+from clusterenv.learner.core.networks import (
+    build_network,
+    hidden_sizes,
+    restore_training,
+    save_training,
+    weighted_layers,
+)
 from clusterenv.learner.ppo.config import PPOConfig
 from clusterenv.learner.ppo.loss import LossParts, gae, log_probs, ppo_loss, truncated_ratio
 from clusterenv.learner.replay.rate_limiter import RateLimiter
@@ -39,10 +47,12 @@ from clusterenv.pipeline.frames import expand
 
 
 # --- the learner ----------------------------------------------------------------------------------
-def _init(net: MLP, last_std: float) -> MLP:
-    """CleanRL's orthogonal init: gain √2 inside, `last_std` on the output layer, zero biases."""
-    for i, layer in enumerate(net.layers):
-        nn.init.orthogonal_(layer.weight, np.sqrt(2) if i < len(net.layers) - 1 else last_std)
+def _init(net: nn.Module, last_std: float) -> nn.Module:
+    """CleanRL's orthogonal init: gain √2 inside (convolutions too, as its ppo_atari.py),
+    `last_std` on the output layer, zero biases."""
+    layers = weighted_layers(net)
+    for i, layer in enumerate(layers):
+        nn.init.orthogonal_(layer.weight, np.sqrt(2) if i < len(layers) - 1 else last_std)
         nn.init.constant_(layer.bias, 0.0)
     return net
 
@@ -59,12 +69,12 @@ _BATCH_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncate
 
 
 class PPOLearner:
-    """Policy and value MLPs (ReLU: the activation the workers' numpy forward applies), one Adam;
-    chunks queued by the ingest thread, one PPO update per `step()`."""
+    """Policy and value networks (ReLU: the activation the workers' numpy forward applies), one
+    Adam; chunks queued by the ingest thread, one PPO update per `step()`."""
 
     def __init__(
         self,
-        obs_dim: int,
+        obs_shape: tuple[int, ...],
         num_actions: int,
         cfg: PPOConfig,
         limiter: RateLimiter,
@@ -73,9 +83,9 @@ class PPOLearner:
     ):
         torch.manual_seed(seed)
         hidden = hidden_sizes(cfg.hidden)
-        # The MLP that NumpyMLP mirrors; here its outputs are logits / a value.
-        self.actor = _init(MLP(obs_dim, num_actions, hidden), 0.01)
-        self.critic = _init(MLP(obs_dim, 1, hidden), 1.0)
+        # What the workers' numpy forward mirrors; here its outputs are logits / a value.
+        self.actor = _init(build_network(obs_shape, num_actions, cfg.torso, hidden), 0.01)
+        self.critic = _init(build_network(obs_shape, 1, cfg.torso, hidden), 1.0)
         self.params = [*self.actor.parameters(), *self.critic.parameters()]
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=1e-5)
         self.cfg, self.limiter, self.lag_of = cfg, limiter, lag_of
@@ -129,10 +139,10 @@ class PPOLearner:
         a = {k: np.concatenate([c.arrays[k] for c in batch]) for k in _BATCH_COLUMNS}
         rows = len(a["action"])
         out = {"action": torch.as_tensor(a["action"]), "logp": torch.as_tensor(a["logp"]).float()}
-        out["obs"] = torch.as_tensor(a["obs"]).float().reshape(rows, -1)
+        out["obs"] = torch.as_tensor(a["obs"]).float()  # the nets flatten it, or not (conv)
         with torch.no_grad():  # one forward of each network over the whole batch
             value = self.critic(out["obs"]).squeeze(1).double().numpy()
-            next_obs = torch.as_tensor(a["next_obs"]).float().reshape(rows, -1)
+            next_obs = torch.as_tensor(a["next_obs"]).float()
             next_value = self.critic(next_obs).squeeze(1).double().numpy()
             out["logp_learner"] = log_probs(self.actor(out["obs"]), out["action"])[1]
         rho = None

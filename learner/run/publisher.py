@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from clusterenv.learner.config import WeightSyncConfig
-from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.policy import numpy_policy
 from clusterenv.pipeline.roles import WeightSource
 from clusterenv.pipeline.sync.source import reference_pool_rows
 
@@ -76,7 +76,7 @@ class Publisher:
                 pick = self.rng.choice(len(recent), size=size, replace=False)
                 # As the env observes them (dtype and shape): the workers read them so.
                 self.source.publish_reference(recent[pick])
-            probe = NumpyMLP(weights)(self.source.reference)
+            probe = numpy_policy(weights)(self.source.reference)
         self.updates_at_version[self.version + 1] = updates  # before any chunk can carry it
         self.on_version(self.version + 1)
         return self.source.publish(weights, probe)

@@ -18,12 +18,12 @@ from clusterenv.learner.persistence.components import LEARNER
 from clusterenv.pipeline.codec import decode_weights
 from clusterenv.pipeline.envs import make_env
 from clusterenv.pipeline.evaluation.runner import greedy_returns
-from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.policy import NETWORK_PREFIXES, NumpyPolicy, numpy_policy
 
 # A run's checkpoints hold the network the workers act with under one of these prefixes (DQN: the
 # online Q-network, beside `target.`; PPO: the policy, beside `critic.`: the learner component's
-# networks); the rest of each name is what NumpyMLP reads. best.safetensors holds that network
-# alone, unprefixed.
+# networks); the rest of each name is the weight-name contract (pipeline/policy.py).
+# best.safetensors holds that network alone, unprefixed.
 ACTING_PREFIXES = (f"{LEARNER}.q.", f"{LEARNER}.actor.")
 
 
@@ -60,15 +60,15 @@ def run_config(checkpoint: Path) -> dict[str, Any]:
     raise ValueError(f"no config.json beside {checkpoint} or in its run directory")
 
 
-def load_policy(checkpoint: Path) -> NumpyMLP:
+def load_policy(checkpoint: Path) -> NumpyPolicy:
     # A file that is not safetensors raises CodecError, a ValueError.
     tensors = decode_weights(checkpoint.read_bytes())
-    if tensors and all(k.startswith("layers.") for k in tensors):
-        return NumpyMLP(tensors)
+    if tensors and all(k.startswith(NETWORK_PREFIXES) for k in tensors):
+        return numpy_policy(tensors)
     for prefix in ACTING_PREFIXES:
         acting = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
         if acting:
-            return NumpyMLP(acting)
+            return numpy_policy(acting)
     raise ValueError(
         f"{checkpoint} holds no Q-network ({LEARNER}.q.layers.*), policy "
         f"({LEARNER}.actor.layers.*) or acting network alone (layers.*)"
@@ -110,13 +110,12 @@ def greedy_episodes(
         env = _make_env(env_id, config["env_kwargs"], video)
     except (gym.error.Error, TypeError) as exc:  # TypeError: env_kwargs the env does not take
         raise ValueError(f"env {env_id!r} from the run's config.json: {exc}") from None
-    obs_size = int(np.prod(env.observation_space.shape or (0,)))
-    inputs = policy.layers[0][0].shape[0]
-    if obs_size != inputs or getattr(env.action_space, "n", None) != policy.num_outputs:
+    obs_shape = env.observation_space.shape or (0,)
+    if not policy.takes(obs_shape) or getattr(env.action_space, "n", None) != policy.num_outputs:
         env.close()
         raise ValueError(
-            f"{checkpoint}: a network of {inputs} inputs and {policy.num_outputs} actions does "
-            f"not fit {env_id} ({env.observation_space}, {env.action_space})"
+            f"{checkpoint}: a network of input {policy.input_shape} and {policy.num_outputs} "
+            f"actions does not fit {env_id} ({env.observation_space}, {env.action_space})"
         )
     envs = gym.vector.SyncVectorEnv([lambda: env])
     try:

@@ -18,12 +18,12 @@ import redis
 from clusterenv.pipeline.chunks.actor import make_vector_env
 from clusterenv.pipeline.evaluation.request import EvalRequest
 from clusterenv.pipeline.keys import RUN_KEYS_TTL_S, RunKeys
-from clusterenv.pipeline.policy import NumpyMLP, load_policy
+from clusterenv.pipeline.policy import NumpyPolicy, load_policy
 from clusterenv.pipeline.spaces import action_spec
 from clusterenv.pipeline.sync.client import read_weights
 
 
-def greedy_returns(envs: gym.vector.VectorEnv, policy: NumpyMLP, seeds: list[int]) -> np.ndarray:
+def greedy_returns(envs: gym.vector.VectorEnv, policy: NumpyPolicy, seeds: list[int]) -> np.ndarray:
     """Undiscounted return of one greedy episode in each env, env i reset with `seeds[i]`; the
     greedy action is the action space's (pipeline/spaces.py: argmax for Discrete)."""
     greedy = action_spec(envs.single_action_space).greedy

@@ -10,7 +10,6 @@ once per pair of held and newest version.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -23,7 +22,7 @@ from clusterenv.pipeline.behaviour import Behaviour
 from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.outbox import Outbox
-from clusterenv.pipeline.policy import NumpyMLP, load_policy
+from clusterenv.pipeline.policy import NumpyPolicy, load_policy
 from clusterenv.pipeline.roles import SyncRule
 
 log = logging.getLogger(__name__)
@@ -80,7 +79,7 @@ class RedisWeightClient:
         # The sync check's reads go out with whatever the outbox holds (the last chunk's XADD).
         self.outbox = outbox if outbox is not None else Outbox(client)
         self.version: int | None = None
-        self.policy: NumpyMLP | None = None
+        self.policy: NumpyPolicy | None = None
         self.steps_since_fetch = 0
         self.own_version_stored = True
         self.run_stopped = False
@@ -93,7 +92,7 @@ class RedisWeightClient:
         # newer version (PPO: most chunks between two updates) does not re-read its probe.
         self._measured: tuple[tuple[int | None, int, Behaviour, str], float] | None = None
 
-    def sync(self, behaviour: Behaviour) -> NumpyMLP | None:
+    def sync(self, behaviour: Behaviour) -> NumpyPolicy | None:
         """The per-chunk sync check; returns the policy to act with for the next chunk, or None
         (and `run_stopped` set) when the run has ended."""
 
@@ -195,13 +194,13 @@ class RedisWeightClient:
         self.counters.weight_bytes += len(blob)
         try:
             policy = load_policy(blob)
-            if policy.num_inputs != math.prod(self.obs.row_shape):
+            if not policy.takes(self.obs.row_shape):  # an MLP its size, a conv net its shape
                 raise ValueError(
-                    f"{policy.num_inputs} inputs for observations of shape {self.obs.row_shape}"
+                    f"input {policy.input_shape} for observations of shape {self.obs.row_shape}"
                 )
             held = self.policy
             if held is not None and (
-                policy.num_inputs != held.num_inputs or policy.num_outputs != held.num_outputs
+                policy.input_shape != held.input_shape or policy.num_outputs != held.num_outputs
             ):
                 raise ValueError("inputs or outputs differ from the version held")
         except ValueError as exc:

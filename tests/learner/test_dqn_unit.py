@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def make(
     for k, v in cfg.items():
         setattr(config, k, v)
     return DQNLearner(
-        OBS_DIM,
+        (OBS_DIM,),
         ACTIONS,
         config,
         replay or ReplayBuffer(256, (OBS_DIM,), np.float32),
@@ -187,7 +188,7 @@ def test_plain_dqn_bootstraps_on_the_target_nets_max():
     limiter = RateLimiter(1.0, 1, 0.0)
     targets = {}
     for double in (True, False):
-        learner = DQNLearner(4, 2, DQNConfig(double=double, lr=1e-9), replay, limiter, seed=3)
+        learner = DQNLearner((4,), 2, DQNConfig(double=double, lr=1e-9), replay, limiter, seed=3)
         with torch.no_grad():  # online net prefers action 0, target net values action 1 higher
             for net, (a0, a1) in ((learner.q, (5.0, 0.0)), (learner.target, (1.0, 9.0))):
                 last = net.layers[-1]
@@ -262,3 +263,49 @@ def test_learner_and_workers_give_openblas_one_thread_unless_the_user_set_it(pac
     env["OPENBLAS_NUM_THREADS"] = "3"
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.stdout.strip() == "3", run.stderr
+
+
+def frames_batch(shape: tuple[int, ...], n: int, seed: int, terminated: float) -> dict:
+    """A minibatch of uint8 observations as replay gives them: frames (84x84) or 0/1 planes."""
+    rng = np.random.default_rng(seed)
+    high = 256 if shape[1] == 84 else 2
+    return {
+        "obs": rng.integers(0, high, size=(n, *shape), dtype=np.uint8),
+        "action": rng.integers(ACTIONS, size=n).astype(np.int64),
+        "reward": rng.normal(size=n).astype(np.float32),
+        "next_obs": rng.integers(0, high, size=(n, *shape), dtype=np.uint8),
+        "terminated": np.full(n, terminated, np.float32),
+    }
+
+
+@pytest.mark.parametrize("shape", [(6, 10, 10), (4, 84, 84)], ids=["minatar", "nature"])
+@pytest.mark.parametrize(("double", "max_grad_norm"), [(True, 10.0), (False, 0.05)])
+def test_a_conv_nets_autograd_step_matches_the_textbook_one(shape, double, max_grad_norm):
+    """A conv torso falls back to autograd inside `update`: the same Huber gradient, clipping
+    and fused Adam as the textbook loss.backward() + clip_grad_norm_ + optimizer.step(), step by
+    step from the same state. (Not over many steps apart: clipping sums the norm in another
+    order, and over a few steps a ReLU of the 84x84 net flips one way in one and not the other.)"""
+
+    def conv_learner() -> DQNLearner:
+        config = DQNConfig(lr=1e-3, batch_size=16, gamma=0.9, double=double,
+                           max_grad_norm=max_grad_norm, target_update_every=3)  # fmt: skip
+        replay = ReplayBuffer(16, shape, np.uint8)
+        return DQNLearner(shape, ACTIONS, config, replay, RateLimiter(1.0, 16, 16.0), seed=0)
+
+    hand, ref = conv_learner(), conv_learner()
+    assert not hasattr(hand.q, "backward")  # a ConvNet: no hand-written backward to take
+    start = params(hand.q)
+    for step in range(4):  # the target copy after the third
+        ref.q.load_state_dict(hand.q.state_dict())
+        ref.target.load_state_dict(hand.target.state_dict())
+        ref.optimizer.load_state_dict(copy.deepcopy(hand.optimizer.state_dict()))  # not shared
+        b = frames_batch(shape, 16, seed=step, terminated=float(step % 2 == 0))
+        want = expected_loss(ref, b)
+        assert hand.update(b) == pytest.approx(want, rel=1e-5)
+        autograd_update(ref, b)
+        for a, r in zip(hand.q.parameters(), ref.q.parameters(), strict=True):
+            scale = float(r.grad.abs().max())
+            torch.testing.assert_close(a.grad, r.grad, rtol=1e-4, atol=1e-4 * scale)
+            torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-7)
+    assert hand.updates == 4 and not same(start, params(hand.q))
+    assert not same(params(hand.target), params(hand.q))  # copied after update 3, trained since

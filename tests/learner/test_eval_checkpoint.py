@@ -28,7 +28,7 @@ def saved_run(run_dir, hidden: str = "2", controller: bool = True):
     up for the full 500 steps; without it, the untrained network's random weights act."""
     cfg = TrainConfig(agent=DQNConfig(hidden=hidden))
     learner = DQNLearner(
-        4, 2, cfg.agent, ReplayBuffer(64, (4,), np.float32), RateLimiter(1.0, 64, 0.0), 1
+        (4,), 2, cfg.agent, ReplayBuffer(64, (4,), np.float32), RateLimiter(1.0, 64, 0.0), 1
     )
     if controller:
         lean = torch.tensor([0.0, 0.0, 3.0, 1.0])

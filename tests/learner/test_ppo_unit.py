@@ -134,7 +134,7 @@ def test_vtrace_cuts_the_trace_at_each_later_actions_ratio_and_weights_the_targe
 
 def test_vtrace_takes_its_ratios_from_the_learners_policy_and_the_behaviour_log_probs():
     cfg = PPOConfig(batch_steps=32, advantages="vtrace", gae_lambda=0.9)
-    learner = PPOLearner(4, 2, cfg, RateLimiter(1.0, 0, 10_000),
+    learner = PPOLearner((4,), 2, cfg, RateLimiter(1.0, 0, 10_000),
                          lambda version: 0, seed=0)  # fmt: skip
     _, arrays = chunk(32, version=0)
     arrays["logp"][::2] = math.log(0.9)  # a stale worker was sure of half its actions
@@ -149,7 +149,7 @@ def test_vtrace_takes_its_ratios_from_the_learners_policy_and_the_behaviour_log_
                              cfg.gamma, cfg.gae_lambda, rho)  # fmt: skip
     np.testing.assert_allclose(data["advantages"].numpy(), want_adv, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(data["returns"].numpy(), want_ret, rtol=1e-5, atol=1e-6)
-    plain = PPOLearner(4, 2, dataclasses.replace(cfg, advantages="gae"),
+    plain = PPOLearner((4,), 2, dataclasses.replace(cfg, advantages="gae"),
                        RateLimiter(1.0, 0, 10_000), lambda version: 0, seed=0)  # fmt: skip
     assert not np.allclose(plain._prepare([QueuedChunk(0, arrays)])["returns"].numpy(),
                            data["returns"].numpy())  # fmt: skip
@@ -174,7 +174,7 @@ def test_a_chunk_past_the_max_lag_is_dropped_and_counted():
     newest = {"v": 10}
     limiter = RateLimiter(1.0, 0, 10_000)
     cfg = PPOConfig(batch_steps=64, max_policy_lag=3, num_minibatches=2, update_epochs=1)
-    learner = PPOLearner(4, 2, cfg, limiter,
+    learner = PPOLearner((4,), 2, cfg, limiter,
                          lambda version: newest["v"] - version, seed=0)  # fmt: skip
     learner.insert(*chunk(32, version=7, seed=2))  # 3 behind: still used
     learner.insert(*chunk(32, version=6, seed=1))  # 4 versions behind: past the max lag
@@ -192,7 +192,7 @@ def test_a_chunk_past_the_max_lag_is_dropped_and_counted():
 
 def test_the_decoupled_centre_is_the_learners_policy_before_the_update():
     cfg = PPOConfig(batch_steps=32)  # the default centre: the learner
-    learner = PPOLearner(4, 2, cfg, RateLimiter(1.0, 0, 10_000),
+    learner = PPOLearner((4,), 2, cfg, RateLimiter(1.0, 0, 10_000),
                          lambda version: 0, seed=0)  # fmt: skip
     header, arrays = chunk(32, version=0)
     data = learner._prepare([QueuedChunk(0, arrays)])
@@ -211,7 +211,7 @@ def test_the_decoupled_centre_is_the_learners_policy_before_the_update():
 def test_published_weights_are_the_policy_network_the_workers_read():
     from clusterenv.pipeline.policy import NumpyMLP
 
-    learner = PPOLearner(4, 3, PPOConfig(), RateLimiter(1.0, 0, 1.0),
+    learner = PPOLearner((4,), 3, PPOConfig(), RateLimiter(1.0, 0, 1.0),
                          lambda v: 0, seed=0)  # fmt: skip
     weights = learner.get_weights()
     assert set(weights) == {f"layers.{i}.{p}" for i in range(3) for p in ("weight", "bias")}
@@ -223,7 +223,7 @@ def test_published_weights_are_the_policy_network_the_workers_read():
 
 def test_save_restores_into_a_fresh_learner():
     def fresh(seed: int) -> PPOLearner:
-        return PPOLearner(4, 2, PPOConfig(), RateLimiter(1.0, 0, 1.0), lambda v: 0, seed=seed)
+        return PPOLearner((4,), 2, PPOConfig(), RateLimiter(1.0, 0, 1.0), lambda v: 0, seed=seed)
 
     saved, other = fresh(0), fresh(1)
     assert not np.allclose(
@@ -267,7 +267,7 @@ def test_a_ppo_checkpoint_round_trip_restores_the_networks_and_adam(tmp_path):
 
     def fresh(seed: int) -> PPOLearner:
         cfg = PPOConfig(batch_steps=32, num_minibatches=2, update_epochs=2)
-        return PPOLearner(4, 2, cfg, RateLimiter(1.0, 0, 1e6), lambda v: 0, seed=seed)
+        return PPOLearner((4,), 2, cfg, RateLimiter(1.0, 0, 1e6), lambda v: 0, seed=seed)
 
     a = fresh(0)
     for c in range(3):
@@ -284,3 +284,34 @@ def test_a_ppo_checkpoint_round_trip_restores_the_networks_and_adam(tmp_path):
         assert learner.step()
     for name, value in a.save()[0].items():
         np.testing.assert_array_equal(b.save()[0][name], value, err_msg=name)
+
+
+def test_a_conv_learner_takes_a_step_on_uint8_frames_and_publishes_its_conv_policy():
+    from clusterenv.pipeline.policy import NumpyConvNet
+
+    shape, rows = (4, 84, 84), 16
+    cfg = PPOConfig(batch_steps=rows, num_minibatches=2, update_epochs=1)
+    learner = PPOLearner(shape, 3, cfg, RateLimiter(1.0, 0, 10_000), lambda v: 0, seed=0)
+    header, arrays = chunk(rows, version=0)
+    rng = np.random.default_rng(0)
+    arrays["obs"] = rng.integers(0, 256, size=(rows, *shape), dtype=np.uint8)
+    arrays["next_obs"] = rng.integers(0, 256, size=(rows, *shape), dtype=np.uint8)
+    arrays["action"] = rng.integers(3, size=rows)
+    arrays["logp"] = np.full(rows, math.log(1 / 3), np.float32)
+    # CleanRL's init: orthogonal, zero biases, the policy's output layer at std 0.01.
+    with torch.no_grad():
+        assert all(not layer.bias.any() for layer in learner.actor.conv)
+        policy_std, value_std = (
+            net.layers[-1].weight.std() for net in (learner.actor, learner.critic)
+        )
+        assert policy_std < 0.01 < value_std
+    before = [p.detach().clone() for p in learner.params]
+    learner.insert(header, arrays)
+    assert learner.step()
+    assert math.isfinite(learner.last_loss) and learner.updates == 1
+    changed = [not torch.equal(a, b) for a, b in zip(before, learner.params, strict=True)]
+    assert all(changed)  # every conv and linear layer of both networks trained
+    policy = NumpyConvNet(learner.get_weights())
+    with torch.no_grad():
+        want = learner.actor(torch.from_numpy(arrays["obs"])).numpy()
+    np.testing.assert_allclose(policy(arrays["obs"]), want, rtol=1e-4, atol=1e-6)

@@ -35,7 +35,7 @@ from clusterenv.pipeline.remote_env.messages import (
 )
 from clusterenv.pipeline.task_args import TaskArgsError
 from tests.bad_input import SPACES, bad_entry, entry, json_values
-from tests.fakes import net
+from tests.fakes import conv_weights, net
 
 SPECS = transition_specs(SPACES)
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -131,15 +131,19 @@ def _valid_or_refused(blob: bytes) -> None:
     except ValueError as exc:  # CodecError for bytes, ValueError for layers: both name the problem
         assert str(exc)
         return
-    # What loads must act: a finite Q row per observation of its input size.
-    obs = np.zeros((2, policy.num_inputs), np.float32)
+    # What loads must act: a finite Q row per observation of its input shape.
+    obs = np.zeros((2, *policy.input_shape), np.float32)
     assert np.isfinite(policy(obs)).all()
+
+
+# An MLP's, and a small conv net's (the names and integers of the contract's conv part).
+BLOBS = [encode_weights(net(0)), encode_weights(conv_weights((2, 5, 5), dense=(4,)))]
 
 
 @FAST
 @given(st.data())
 def test_damaged_weight_blobs_load_or_are_refused(data):
-    blob = bytearray(encode_weights(net(0)))
+    blob = bytearray(data.draw(st.sampled_from(BLOBS)))
     for _ in range(data.draw(st.integers(1, 4))):
         blob[data.draw(st.integers(0, len(blob) - 1))] = data.draw(st.integers(0, 255))
     _valid_or_refused(bytes(blob[: data.draw(st.integers(0, len(blob)))]))

@@ -43,7 +43,7 @@ def ingest_all(redis_url: str, run_id: str, batch: list[tuple[dict[bytes, bytes]
         connect(redis_url, blocking=True), keys, SPACES,
     )  # fmt: skip
     replay = ReplayBuffer(1000, OBS_SHAPE, np.float32)
-    dqn = DQNLearner(int(np.prod(OBS_SHAPE)), NUM_ACTIONS, DQNConfig(hidden="8"), replay,
+    dqn = DQNLearner(OBS_SHAPE, NUM_ACTIONS, DQNConfig(hidden="8"), replay,
                      RateLimiter(1.0, 1, 1e9), seed=0)  # fmt: skip
     ingest = Ingest(reader, dqn.insert, lambda v: (0, 0), 30.0)  # the learner's own insert
     try:

@@ -14,16 +14,16 @@ from hypothesis import strategies as st
 
 from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
-from clusterenv.pipeline.codec import encode_weights
+from clusterenv.pipeline.codec import ArraySpec, encode_weights
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.evaluation.request import EvalRequest
 from clusterenv.pipeline.evaluation.runner import EvalRunner
 from clusterenv.pipeline.keys import RunKeys
-from clusterenv.pipeline.policy import NumpyMLP
+from clusterenv.pipeline.policy import NumpyConvNet, NumpyMLP
 from clusterenv.pipeline.sync.client import RedisWeightClient, WeightsRejected
 from clusterenv.pipeline.sync.rules import parse_sync
 from clusterenv.pipeline.sync.source import RedisWeightSource
-from tests.fakes import CARTPOLE, REF, net
+from tests.fakes import CARTPOLE, REF, conv_weights, net
 
 FEW = settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -86,6 +86,35 @@ def test_a_bad_first_blob_is_a_named_error(redis_url, blob):
         wc.sync(EpsilonGreedy(0.1))
     assert wc.counters.weights_rejected == 1 and wc.policy is None
     client.delete(keys.weights(0), keys.weights_latest)
+
+
+def test_a_conv_net_must_take_the_observations_shape_not_only_their_size(client, run_id):
+    keys = RunKeys(run_id)
+    planes = ArraySpec("|u1", (6, 10, 10))  # MinAtar-like observations, channel-first
+    RedisWeightSource(client, keys).publish(conv_weights((6, 10, 10)))
+    wc = RedisWeightClient(client, keys, parse_sync("on-change"), planes)
+    held = wc.sync(EpsilonGreedy(0.1))
+    assert isinstance(held, NumpyConvNet)
+    # Fine networks of 600 inputs each: a conv net for channel-last planes, and an MLP (which
+    # would take the planes flattened, but is not the kind of network held).
+    mlp = {
+        "layers.0.weight": np.ones((3, 600), np.float32),
+        "layers.0.bias": np.zeros(3, np.float32),
+    }
+    for version, weights in ((1, conv_weights((10, 10, 6))), (2, mlp)):
+        corrupt_version(client, keys, version, encode_weights(weights))
+        assert wc.sync(EpsilonGreedy(0.1)) is held and wc.version == 0
+    assert list(wc.rejected_reasons) == [
+        "weights version 1: input (10, 10, 6) for observations of shape (6, 10, 10)",
+        "weights version 2: inputs or outputs differ from the version held",
+    ]
+    corrupt_version(client, keys, 3, encode_weights(conv_weights((6, 10, 10), seed=3)))
+    assert wc.sync(EpsilonGreedy(0.1)) is not held and wc.version == 3
+    first = RedisWeightClient(client, keys, parse_sync("on-change"), CARTPOLE.obs)
+    with pytest.raises(
+        WeightsRejected, match=r"input \(6, 10, 10\) for observations of shape \(4,\)"
+    ):
+        first.sync(EpsilonGreedy(0.1))
 
 
 probe_fields = st.dictionaries(
