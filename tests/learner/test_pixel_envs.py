@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib.util
 import json
 
-import gymnasium as gym
 import numpy as np
 import pytest
 
 from clusterenv.learner.core.spaces import env_spaces
 from clusterenv.learner.tools.cli import main
-from clusterenv.pipeline.codec import encode_weights
+from clusterenv.pipeline.codec import ArraySpec, encode_weights
+from clusterenv.pipeline.spaces import DiscreteActions
 
 HAS = {m: importlib.util.find_spec(m) is not None for m in ("ale_py", "cv2", "minatar", "moviepy")}
 ATARI = pytest.mark.skipif(not (HAS["ale_py"] and HAS["cv2"]), reason="needs the atari extra")
@@ -20,16 +20,18 @@ MINATAR = pytest.mark.skipif(not HAS["minatar"], reason="needs the minatar extra
 
 @ATARI
 def test_atari_spaces():
-    obs, act, _ = env_spaces("ALE/Pong-v5", {})
-    assert obs == gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    assert act == gym.spaces.Discrete(6)
+    spaces, _ = env_spaces("ALE/Pong-v5", {})
+    # Stacks of 4 frames, which chunks and replay carry once each (pipeline/frames.py).
+    assert spaces.obs == ArraySpec("|u1", (4, 84, 84)) and spaces.stack == 4
+    assert spaces.frame == ArraySpec("|u1", (84, 84), group="frames")
+    assert spaces.action == DiscreteActions(6)
 
 
 @MINATAR
 def test_minatar_spaces():
-    obs, act, threshold = env_spaces("MinAtar/Breakout-v1", {})
-    assert obs == gym.spaces.Box(0, 1, (4, 10, 10), np.uint8)
-    assert act == gym.spaces.Discrete(3) and threshold is None
+    spaces, threshold = env_spaces("MinAtar/Breakout-v1", {})
+    assert spaces.obs == ArraySpec("|u1", (4, 10, 10)) and spaces.stack == 0  # planes, not stacks
+    assert spaces.action == DiscreteActions(3) and threshold is None
 
 
 def saved_network(folder, env_id, env_kwargs, obs_size, actions):

@@ -9,6 +9,7 @@ import pytest
 from clusterenv.pipeline.chunks.actor import Actor, make_vector_env
 from clusterenv.pipeline.envs import make_env
 from clusterenv.pipeline.envs.atari import EpisodicLife
+from clusterenv.pipeline.frames import expand
 
 pytest.importorskip("ale_py", reason="needs the atari extra")
 pytest.importorskip("cv2", reason="needs the atari extra")
@@ -32,7 +33,10 @@ def test_training_stack_collects_uint8_stacks_and_clipped_rewards():
     assert envs.single_observation_space == gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     assert envs.single_action_space == gym.spaces.Discrete(4)
     chunk = Actor(envs, seeds=[1, 2]).collect(random_actions(4), 300)
-    obs, next_obs = chunk.arrays["obs"], chunk.arrays["next_obs"]
+    assert "obs" not in chunk.arrays  # stacks travel as frames, each once (pipeline/frames.py)
+    assert len(chunk.arrays["frames"]) < 1.1 * len(chunk.arrays["action"])
+    whole = expand(chunk.arrays)
+    obs, next_obs = whole["obs"], whole["next_obs"]
     assert obs.dtype == np.uint8 and obs.shape[1:] == (4, 84, 84) and obs.any()
     assert set(np.unique(chunk.arrays["reward"])) <= {-1.0, 0.0, 1.0}
     assert chunk.arrays["reward"].any()  # random play breaks a brick in 300 steps
@@ -50,7 +54,7 @@ def test_same_seeds_same_frames():
     b = Actor(make_vector_env("ALE/Pong-v5", {}, 1, training=True), [7]).collect(
         random_actions(6, 1), 60
     )
-    np.testing.assert_array_equal(a.arrays["obs"], b.arrays["obs"])
+    np.testing.assert_array_equal(expand(a.arrays)["obs"], expand(b.arrays)["obs"])
 
 
 def test_evaluation_neither_clips_nor_ends_at_a_lost_life():
