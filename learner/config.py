@@ -15,6 +15,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
+import torch
 from tyro.conf import arg
 from tyro.constructors import PrimitiveConstructorSpec
 
@@ -170,6 +171,9 @@ class TrainConfig(Generic[AgentConfig]):
     # process on a small machine; a contended learner was measured ~20x slower per update.
     torch_threads: int = 1
     """torch intra-op threads for the learner"""
+    device: str = "auto"
+    """torch device of the learner's networks and updates: auto (cuda where torch sees one,
+    else cpu) | cpu | cuda | cuda:N. Workers always act with numpy on their CPUs"""
     updates_per_turn: int = 16
     """learner updates between the loop's looks at arrivals, dispatch and evaluation"""
     collection: CollectionConfig = field(default_factory=CollectionConfig)
@@ -206,12 +210,35 @@ class TrainConfig(Generic[AgentConfig]):
         w = self.weights
         if w.max_lag_versions < 0 or not w.max_lag_seconds >= 0:
             raise ValueError("--max-lag-versions and --max-lag-seconds must be >= 0")
+        self.torch_device()  # raises on a device torch cannot use
         self.agent.validate()
         if self.algo == "ppo" and self.checkpoint.checkpoint_replay:
             raise ValueError(
                 "--checkpoint-replay: PPO learns from fresh chunks and has no replay to keep"
             )
         parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds, self.policy_kind)
+
+    def torch_device(self) -> torch.device:
+        """The learner's device; ValueError naming --device if torch cannot use it here."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(
+                f"--device {self.device!r}: not a torch device (cpu, cuda, cuda:N)"
+            ) from None
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"--device {self.device!r}: the learner runs on cpu or cuda")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                f"--device {self.device}: torch {torch.__version__} sees no CUDA device here"
+            )
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise ValueError(
+                f"--device {self.device}: only {torch.cuda.device_count()} CUDA devices"
+            )
+        return device
 
     @property
     def policy_kind(self) -> type[Behaviour]:

@@ -23,6 +23,9 @@ from torch import nn
 
 from clusterenv.learner.core.agent import State
 
+# The learner's default device: TrainConfig.torch_device() picks cuda where present (--device).
+CPU = torch.device("cpu")
+
 
 def hidden_sizes(text: str, flag: str = "hidden") -> list[int]:
     """Layer sizes from "256,256"; a ValueError naming the flag otherwise."""

@@ -39,6 +39,7 @@ def build_dqn(cfg: TrainConfig[DQNConfig], spaces: SpaceSpecs) -> Agent:
     learner = DQNLearner(
         obs.row_shape, spaces.action.n, d, replay, limiter, cfg.seed,
         total_steps=cfg.total_steps, save_replay=cfg.checkpoint.checkpoint_replay,
+        device=cfg.torch_device(),
     )  # fmt: skip
     return Agent(learner, limiter, d.publish_every, lambda steps: EpsilonGreedy(d.epsilon(steps)),
                  cfg.weights.max_lag_versions)  # fmt: skip

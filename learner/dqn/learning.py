@@ -19,6 +19,7 @@ from torch.optim.adam import adam as functional_adam
 
 from clusterenv.learner.core.agent import State
 from clusterenv.learner.core.networks import (
+    CPU,
     MLP,
     build_network,
     hidden_sizes,
@@ -44,21 +45,24 @@ class DQNLearner:
         seed: int,
         total_steps: int = 0,
         save_replay: bool = False,
+        device: torch.device = CPU,
     ):
         """`obs_shape`: one observation's (the torso follows it, or --torso); `total_steps`: the
         run's env-step budget (the lr schedule's end); `save_replay`: replay and the rate limiter
-        go into checkpoints too (--checkpoint-replay)."""
+        go into checkpoints too (--checkpoint-replay); `device`: where networks and updates run
+        (replay stays in host memory; each batch is moved there)."""
         torch.manual_seed(seed)
         hidden = hidden_sizes(cfg.hidden)
-        self.q = build_network(obs_shape, num_actions, cfg.torso, hidden)
-        self.target = build_network(obs_shape, num_actions, cfg.torso, hidden)
+        self.device = device
+        self.q = build_network(obs_shape, num_actions, cfg.torso, hidden).to(device)
+        self.target = build_network(obs_shape, num_actions, cfg.torso, hidden).to(device)
         self.target.load_state_dict(self.q.state_dict())
         self.target.requires_grad_(False)
         self._params = params = list(self.q.parameters())
         self.optimizer = torch.optim.Adam(params, lr=cfg.lr, fused=True)
         for p in params:  # Adam's own state, as its first step would create it
             self.optimizer.state[p] = {
-                "step": torch.tensor(0.0),
+                "step": torch.tensor(0.0, device=device),  # fused Adam: beside its parameter
                 "exp_avg": torch.zeros_like(p),
                 "exp_avg_sq": torch.zeros_like(p),
             }
@@ -69,7 +73,7 @@ class DQNLearner:
         self.last_loss = float("nan")
         # Every parameter's .grad is a view into one flat buffer: `backward` writes into it and
         # gradient clipping is then one norm over one tensor.
-        self._grads = torch.zeros(sum(p.numel() for p in params))
+        self._grads = torch.zeros(sum(p.numel() for p in params), device=device)
         offset = 0
         for p in params:
             p.grad = self._grads[offset : offset + p.numel()].view_as(p)
@@ -93,11 +97,12 @@ class DQNLearner:
     @torch.no_grad()
     def update(self, batch: Mapping[str, np.ndarray]) -> float:
         """One Double-DQN gradient step on `batch`; returns the Huber TD loss before the step."""
-        obs = torch.from_numpy(batch["obs"]).float()
-        next_obs = torch.from_numpy(batch["next_obs"]).float()
-        action = torch.from_numpy(batch["action"]).unsqueeze(1)
-        reward = torch.from_numpy(batch["reward"])
-        terminated = torch.from_numpy(batch["terminated"])
+        obs, next_obs, action, reward, terminated = (
+            torch.from_numpy(batch[name]).to(self.device)
+            for name in ("obs", "next_obs", "action", "reward", "terminated")
+        )
+        # Frames travel to the device as uint8 (a quarter of the bytes) and become floats there.
+        obs, next_obs, action = obs.float(), next_obs.float(), action.unsqueeze(1)
         n = len(obs)
         if not isinstance(self.q, MLP):  # a conv net: autograd keeps what its backward needs
             with torch.enable_grad():

@@ -25,10 +25,12 @@ CONFIG_FILE = "config.json"
 RUN_IDS_FILE = "run_ids"
 VERSION_FILE = "policy_version"  # the newest weight version any learner of the run published
 LOCK_FILE = ".lock"
-# Settings a resumed run may change: where it runs, how long, how it reports and checkpoints.
+# Settings a resumed run may change: where it runs (machine and device), how long, how it reports
+# and checkpoints.
 # Anything else would make the resumed run a different experiment from the one it continues.
 RESUMABLE = frozenset({
     "resume", "total_steps", "redis_url", "workers", "eval_workers", "status_every_s", "torch_threads",
+    "device",
     "eval_timeout_s", "lost_after_s", "slots_every_s", "checkpoint_every_s",
     "checkpoint_every_updates", "checkpoints_kept", "checkpoint_replay",
 })  # fmt: skip

@@ -26,9 +26,8 @@ def build_ppo(
     limiter = RateLimiter(
         1.0, 0, p.batch_steps + max(chunk * cfg.collection.error_buffer_chunks, task)
     )
-    learner = PPOLearner(
-        spaces.obs.row_shape, spaces.action.n, p, limiter, lag_versions, seed=cfg.seed
-    )
+    learner = PPOLearner(spaces.obs.row_shape, spaces.action.n, p, limiter, lag_versions,
+                         seed=cfg.seed, device=cfg.torch_device())  # fmt: skip
     # An APS worker whose policy the learner would drop must fetch, or the run stalls: the
     # dropped chunks stop learning, so the divergence that would trigger the fetch never grows.
     # Half the max lag leaves room for the versions published while a chunk is on its way.

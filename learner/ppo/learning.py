@@ -34,6 +34,7 @@ from torch import nn
 
 from clusterenv.learner.core.agent import State
 from clusterenv.learner.core.networks import (
+    CPU,
     build_network,
     hidden_sizes,
     restore_training,
@@ -80,12 +81,17 @@ class PPOLearner:
         limiter: RateLimiter,
         lag_of: Callable[[int], int],
         seed: int,
+        device: torch.device = CPU,
     ):
+        """`device`: where the networks and updates run (a batch is moved there whole)."""
         torch.manual_seed(seed)
         hidden = hidden_sizes(cfg.hidden)
+        self.device = device
         # What the workers' numpy forward mirrors; here its outputs are logits / a value.
-        self.actor = _init(build_network(obs_shape, num_actions, cfg.torso, hidden), 0.01)
-        self.critic = _init(build_network(obs_shape, 1, cfg.torso, hidden), 1.0)
+        self.actor = _init(build_network(obs_shape, num_actions, cfg.torso, hidden), 0.01).to(
+            device
+        )
+        self.critic = _init(build_network(obs_shape, 1, cfg.torso, hidden), 1.0).to(device)
         self.params = [*self.actor.parameters(), *self.critic.parameters()]
         self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, eps=1e-5)
         self.cfg, self.limiter, self.lag_of = cfg, limiter, lag_of
@@ -138,16 +144,25 @@ class PPOLearner:
         PPO's clip centre, V-trace's target policy), advantages and returns."""
         a = {k: np.concatenate([c.arrays[k] for c in batch]) for k in _BATCH_COLUMNS}
         rows = len(a["action"])
-        out = {"action": torch.as_tensor(a["action"]), "logp": torch.as_tensor(a["logp"]).float()}
-        out["obs"] = torch.as_tensor(a["obs"]).float()  # the nets flatten it, or not (conv)
+
+        def tensor(array: np.ndarray) -> torch.Tensor:
+            return torch.as_tensor(array, device=self.device)
+
+        def numpy(t: torch.Tensor) -> np.ndarray:
+            return t.double().cpu().numpy()
+
+        # Observations stay as the env made them (uint8 frames: a quarter of float32's bytes)
+        # until a network takes them (`_forward`).
+        out = {"action": tensor(a["action"]), "logp": tensor(a["logp"]).float(),
+               "obs": tensor(a["obs"])}  # fmt: skip
         with torch.no_grad():  # one forward of each network over the whole batch
-            value = self.critic(out["obs"]).squeeze(1).double().numpy()
-            next_obs = torch.as_tensor(a["next_obs"]).float()
-            next_value = self.critic(next_obs).squeeze(1).double().numpy()
-            out["logp_learner"] = log_probs(self.actor(out["obs"]), out["action"])[1]
+            value = numpy(self._forward(self.critic, out["obs"]).squeeze(1))
+            next_value = numpy(self._forward(self.critic, tensor(a["next_obs"])).squeeze(1))
+            logits = self._forward(self.actor, out["obs"])
+            out["logp_learner"] = log_probs(logits, out["action"])[1]
         rho = None
         if self.cfg.advantages == "vtrace":
-            rho = truncated_ratio(out["logp_learner"], out["logp"]).double().numpy()
+            rho = numpy(truncated_ratio(out["logp_learner"], out["logp"]))
         reward = a["reward"].astype(np.float64)
         adv, ret = np.empty(rows), np.empty(rows)
         start = 0
@@ -159,8 +174,13 @@ class PPOLearner:
                                  None if rho is None else rho[s])  # fmt: skip
             start = s.stop
         for name, column in (("values", value), ("advantages", adv), ("returns", ret)):
-            out[name] = torch.as_tensor(column).float()
+            out[name] = tensor(column).float()
         return out
+
+    @staticmethod
+    def _forward(net: nn.Module, obs: torch.Tensor) -> torch.Tensor:
+        """The net's outputs for observations of any dtype (the nets take floats)."""
+        return net(obs.float())
 
     def step(self) -> bool:
         """One PPO update if a batch of fresh enough chunks is queued; whether it ran."""
@@ -171,10 +191,12 @@ class PPOLearner:
         rows = len(data["action"])
         for _ in range(self.cfg.update_epochs):
             for idx in np.array_split(self.rng.permutation(rows), self.cfg.num_minibatches):
-                mb = {k: v[idx] for k, v in data.items()}
+                index = torch.as_tensor(idx, device=self.device)
+                mb = {k: v[index] for k, v in data.items()}
                 parts = ppo_loss(
-                    self.actor(mb["obs"]), self.critic(mb["obs"]).squeeze(1), mb, self.cfg
-                )
+                    self._forward(self.actor, mb["obs"]),
+                    self._forward(self.critic, mb["obs"]).squeeze(1), mb, self.cfg,
+                )  # fmt: skip
                 self.optimizer.zero_grad(set_to_none=True)
                 parts.loss.backward()
                 nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
