@@ -2,7 +2,8 @@
 TrainConfig.
 
 A table `[ALGO."ENV"]` holds one env's values; `[ALGO."*"]` holds values for every env of that
-algorithm, applied first, so an env's own entry and then the flags override them.
+algorithm, applied first, then `[ALGO."FAMILY/*"]` for the envs whose id starts with `FAMILY/`
+(MinAtar's games), so an env's own entry and then the flags override them.
 """
 
 from __future__ import annotations
@@ -46,11 +47,14 @@ def apply_preset(cfg: TrainConfig, values: dict[str, Any], env: str) -> None:
 
 def defaults_for(env: str, algo: str, use_preset: bool, path: Path = PRESETS_FILE) -> TrainConfig:
     """The config that flags are parsed on top of: the defaults, then `algo`'s values for every
-    env and its entry for `env`, where the file has them."""
+    env, for the env's family (`"FAMILY/*"`, e.g. `"MinAtar/*"`) and its own entry for `env`,
+    where the file has them."""
     cfg = TrainConfig.for_algo(algo, env=env, preset=use_preset)
     tables = load_presets(path).get(algo, {}) if use_preset else {}
-    for key, where in ((EVERY_ENV, f"{algo} on every env"), (env, f"{algo} on {env}")):
-        if tables.get(key):
+    family = f"{env.split('/')[0]}/*" if "/" in env else None
+    for key, where in ((EVERY_ENV, f"{algo} on every env"), (family, f"{algo} on {family}"),
+                       (env, f"{algo} on {env}")):  # fmt: skip
+        if key is not None and tables.get(key):
             apply_preset(cfg, tables[key], where)
     return cfg
 

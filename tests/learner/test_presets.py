@@ -136,3 +136,20 @@ def test_a_table_that_names_no_algorithm_is_refused(tmp_path):
 def test_the_cli_reports_a_bad_flag_on_top_of_a_preset_in_one_line():
     with pytest.raises(CliError):
         parse_train(["--env", "Acrobot-v1", "--lr", "fast"])
+
+
+def test_a_family_entry_reaches_every_env_of_the_family_below_its_own_entry(tmp_path):
+    """MinAtar's games share MinAtar's reference DQN settings (`[dqn."MinAtar/*"]`)."""
+    for game in ("MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1"):
+        cfg = parse_train(["--env", game])
+        assert (cfg.agent.target_update_every, cfg.agent.double, cfg.total_steps) == (
+            1_000, False, 500_000,
+        ), game  # fmt: skip
+    assert parse_train(["--env", "CartPole-v1"]).agent.target_update_every == 128
+    path = tmp_path / "presets.toml"
+    path.write_text('[dqn."*"]\nlr = 0.1\n[dqn."Fam/*"]\nlr = 0.2\nbatch_size = 16\n'
+                    '[dqn."Fam/X-v0"]\nlr = 0.3\n')  # fmt: skip
+    cfg = defaults_for("Fam/X-v0", "dqn", use_preset=True, path=path)
+    assert (cfg.agent.lr, cfg.agent.batch_size) == (0.3, 16)
+    assert defaults_for("Fam/Y-v0", "dqn", use_preset=True, path=path).agent.lr == 0.2
+    assert defaults_for("Other/Y-v0", "dqn", use_preset=True, path=path).agent.lr == 0.1
