@@ -5,7 +5,8 @@ DQN wrapper stack of pipeline/envs/, random actions), so they carry each frame o
 workers send them (pipeline/frames.py). Measured:
 - wire: bytes of the encoded stream entries per transition;
 - ingest: transitions/s from a pre-filled stream on the embedded server through StreamReader.poll
-  (read, decode, validate, dedupe) into DQN's frame replay (learner/replay/frames.py), then ack;
+  (read, decode, validate, dedupe) into the learner's sink (DQN's frame replay,
+  learner/replay/frames.py, and the reference pool), then ack;
 - replay: its bytes per transition it can still sample, once filled past its capacity twice.
 Targets (issue 30): ingest >= 50,000 transitions/s; wire and replay <= 7.5 KB per transition.
 """
@@ -22,12 +23,15 @@ import numpy as np
 
 from bench.common import machine, mark_start, median, table, write_results
 from clusterenv.learner.replay.frames import FrameReplay
+from clusterenv.learner.run.publisher import ReferencePool
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.cluster.embedded import EmbeddedServer
 from clusterenv.pipeline.codec import encode_chunk
 from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.frames import observations
 from clusterenv.pipeline.keys import RunKeys
+from clusterenv.pipeline.sync.source import reference_pool_rows
 
 FRAME_BYTES = 84 * 84
 
@@ -67,9 +71,17 @@ def ingest_rate(url: str, chunks: list, spaces: Any, total: int, capacity: int) 
     pipe.execute()
     reader = StreamReader(connect(url, blocking=True), keys, spaces)
     replay = FrameReplay(capacity, spaces.stack, spaces.frame, spaces.action.array)
+    # The learner's sink (learner/run/wiring.py): replay, and the newest observations kept as
+    # the pool reference states are drawn from (256 reference states: 2,560 observations).
+    pool = ReferencePool(reference_pool_rows(256), spaces.obs.row_shape, np.dtype(spaces.obs.dtype))
+
+    def sink(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        pool.add(observations(arrays, pool.capacity))
+        replay.insert(arrays)
+
     t0, c0 = time.perf_counter(), time.process_time()
     while reader.stats.chunks < total:
-        reader.poll(lambda h, a: replay.insert(a), block_ms=1000, count=16)
+        reader.poll(sink, block_ms=1000, count=16)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert reader.stats.transitions == rows and not reader.stats.rejected
     client.delete(keys.stream)

@@ -90,6 +90,9 @@ def expand(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {**rest, "obs": frames[arrays[OBS_FRAMES]], "next_obs": frames[arrays[NEXT_FRAMES]]}
 
 
-def observations(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    """The chunk's observations (`obs`), rebuilt from its frames when it carries stacks."""
-    return arrays[FRAMES][arrays[OBS_FRAMES]] if FRAMES in arrays else arrays["obs"]
+def observations(arrays: dict[str, np.ndarray], newest: int) -> np.ndarray:
+    """The chunk's `newest` last observations (`obs`), rebuilt from its frames when it carries
+    stacks (only those: a chunk of Atari stacks rebuilt whole is 28 KB a row)."""
+    if FRAMES not in arrays:
+        return arrays["obs"][-newest:]
+    return arrays[FRAMES][arrays[OBS_FRAMES][-newest:]]

@@ -153,7 +153,7 @@ def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str
 
     def store(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
         """The ingest thread's sink: a chunk into the learner, its observations into the pool."""
-        pool.add(observations(arrays))
+        pool.add(observations(arrays, pool.capacity))
         return agent.learner.insert(header, arrays)
 
     # A chunk a reader took and never acked is claimed when the dispatcher writes it off.
