@@ -33,8 +33,10 @@ def test_a_minatar_game_trains_end_to_end(tmp_path):
                           "--eval-every", "2000")  # fmt: skip
     assert summary["env_steps"] >= 6000 and summary["updates"] > 0
     assert summary["ingest"]["rejected"] == 0 and summary["lost_chunks"] == 0
-    steps = [r["env_steps"] for r in rows]  # one evaluation per 2,000 env steps and the last
-    assert len(steps) >= 3 and steps == sorted(steps) and steps[-1] == summary["env_steps"]
+    # Evaluations every 2,000 env steps, one at a time (one may still run when the next is due),
+    # and the last one at the end of the budget.
+    steps = [r["env_steps"] for r in rows]
+    assert len(steps) >= 2 and steps == sorted(steps) and steps[-1] == summary["env_steps"]
     assert all(r["eval/return_mean"] >= 0 for r in rows)  # Breakout's scores: bricks hit
 
 
