@@ -35,7 +35,6 @@ from clusterenv.pipeline.cluster.status_board import RedisStatusBoard
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.evaluation.results import RedisEvalResults
-from clusterenv.pipeline.frames import observations
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.roles import (
     EvalResults,
@@ -144,8 +143,7 @@ def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str
     broker = broker_for(spaces, agent.extra_specs)
     # --- weights out, transitions in ---
     w = cfg.weights
-    pool = ReferencePool(reference_pool_rows(w.reference_size), spaces.obs.row_shape,
-                         np.dtype(spaces.obs.dtype))  # fmt: skip
+    pool = ReferencePool(reference_pool_rows(w.reference_size))
     late["publisher"] = publisher = Publisher(
         broker.weights, pool, w, np.random.default_rng([cfg.seed, 1]),
         lambda version: record_version(run_dir, version),
@@ -153,7 +151,7 @@ def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str
 
     def store(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:
         """The ingest thread's sink: a chunk into the learner, its observations into the pool."""
-        pool.add(observations(arrays, pool.capacity))
+        pool.add(arrays)
         return agent.learner.insert(header, arrays)
 
     # A chunk a reader took and never acked is claimed when the dispatcher writes it off.

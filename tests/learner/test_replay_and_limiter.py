@@ -34,15 +34,24 @@ def test_ring_wraps_and_keeps_newest():
 
 
 def test_the_reference_pool_gives_the_newest_observations_first_with_their_dtype():
-    pool = ReferencePool(10, (2, 3), np.dtype(np.uint8))
+    pool = ReferencePool(10)
     for start in (0, 7, 14):
-        pool.add(
-            np.arange(start, start + 7, dtype=np.uint8)[:, None, None].repeat(2, 1).repeat(3, 2)
-        )
+        obs = np.arange(start, start + 7, dtype=np.uint8)[:, None, None].repeat(2, 1).repeat(3, 2)
+        pool.add({"obs": obs, "action": np.zeros(7, np.int64)})
     recent = pool.recent(3)
     assert recent.dtype == np.uint8 and recent.shape == (3, 2, 3)
     assert recent[:, 0, 0].tolist() == [20, 19, 18] and pool.size == 10
     assert pool.recent(50)[:, 0, 0].tolist() == list(range(20, 10, -1))  # no more than it holds
+
+
+def test_the_reference_pool_rebuilds_stacked_frames_only_for_the_rows_asked_for():
+    chunks, _ = stacked_chunks(2, 64)
+    pool = ReferencePool(50)
+    for compact, _ in chunks:
+        pool.add(compact)
+    whole = np.concatenate([w["obs"] for _, w in chunks])
+    np.testing.assert_array_equal(pool.recent(20), whole[::-1][:20])
+    assert pool.size == 50
 
 
 def test_replay_and_limiter_save_and_restore_themselves():

@@ -235,8 +235,8 @@ def test_uint8_reference_states_reach_the_worker_as_observed(client, run_id):
 
     shape, rng = (10, 10, 4), np.random.default_rng(0)
     frames = rng.integers(0, 256, (80, *shape), dtype=np.uint8)
-    pool = ReferencePool(100, shape, np.dtype(np.uint8))
-    pool.add(frames)
+    pool = ReferencePool(100)
+    pool.add({"obs": frames, "action": np.zeros(len(frames), np.int64)})
     keys = RunKeys(run_id)
     source = RedisWeightSource(client, keys)
     publisher = Publisher(source, pool, WeightSyncConfig(reference_size=8), rng)
