@@ -14,6 +14,7 @@ Targets (issue 30): ingest >= 50,000 transitions/s; wire and replay <= 7.5 KB pe
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 import uuid
 from pathlib import Path
@@ -72,8 +73,10 @@ def ingest_rate(url: str, chunks: list, spaces: Any, total: int, capacity: int) 
     # A replay already full, as mid-run: the first pass over a fresh one also pays the kernel's
     # first touch of every page (its arrays are allocated lazily), once per run.
     replay = FrameReplay(capacity, spaces.stack, spaces.frame, spaces.action.array)
-    while replay.inserted < capacity:
-        replay.insert(chunks[replay.inserted % len(chunks)])
+    for arrays in itertools.cycle(chunks):
+        if replay.inserted >= capacity:
+            break
+        replay.insert(arrays)
     # The learner's sink (learner/run/wiring.py): replay, and the newest observations kept as
     # the pool reference states are drawn from (256 reference states: 2,560 observations).
     pool = ReferencePool(reference_pool_rows(256))
