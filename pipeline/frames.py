@@ -93,6 +93,8 @@ def expand(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def observations(arrays: dict[str, np.ndarray], newest: int) -> np.ndarray:
     """The chunk's `newest` last observations (`obs`), rebuilt from its frames when it carries
     stacks (only those: a chunk of Atari stacks rebuilt whole is 28 KB a row)."""
+    rows = len(arrays["action"])
+    first = max(0, rows - newest)  # not [-newest:]: that is every row for newest = 0
     if FRAMES not in arrays:
-        return arrays["obs"][-newest:]
-    return arrays[FRAMES][arrays[OBS_FRAMES][-newest:]]
+        return arrays["obs"][first:]
+    return arrays[FRAMES][arrays[OBS_FRAMES][first:]]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from clusterenv.pipeline.chunks.actor import Actor
 from clusterenv.pipeline.codec import CodecError
-from clusterenv.pipeline.frames import FrameEncoder, check_indexes, expand
+from clusterenv.pipeline.frames import FrameEncoder, check_indexes, expand, observations
 from clusterenv.pipeline.spaces import SpaceSpecs, stack_depth
 
 K = 3
@@ -113,3 +113,12 @@ def test_the_stack_depth_is_read_off_the_wrappers():
         gym.wrappers.FrameStackObservation(Frames(), 4), lambda o: o, None
     )
     assert stack_depth(outer) == 0
+
+
+def test_the_newest_observations_of_a_chunk_and_none_for_zero():
+    arrays = {"frames": np.arange(5, dtype=np.uint8)[:, None].repeat(2, 1),
+              "obs_frames": np.array([[0, 1], [1, 2], [3, 4]], np.int32),
+              "action": np.zeros(3, np.int64)}  # fmt: skip
+    assert observations(arrays, 2)[:, :, 0].tolist() == [[1, 2], [3, 4]]
+    assert observations(arrays, 0).shape == (0, 2, 2)
+    assert observations({"obs": np.arange(3), "action": np.zeros(3)}, 5).tolist() == [0, 1, 2]
