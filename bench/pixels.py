@@ -7,7 +7,10 @@ workers send them (pipeline/frames.py). Measured:
 - ingest: transitions/s from a pre-filled stream on the embedded server through StreamReader.poll
   (read, decode, validate, dedupe) into the learner's sink (DQN's frame replay,
   learner/replay/frames.py, already full as mid-run, and the reference pool), then ack;
-- replay: its bytes per transition it can still sample, once filled past its capacity twice.
+- replay: its bytes per transition it can still sample, once filled past its capacity twice;
+- a version of the Nature DQN net (issue 30, item 5): its bytes, the learner's publish (weights and
+  probe) and a worker's fetch and load, and what APS's probes cost on uint8 reference states (the
+  probe's numpy forward on the learner, the reference batch's and the probe's bytes).
 Targets (issue 30): ingest >= 50,000 transitions/s; wire and replay <= 7.5 KB per transition.
 """
 
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import machine, mark_start, median, table, write_results
+from clusterenv.learner.core.networks import build_network
 from clusterenv.learner.replay.frames import FrameReplay
 from clusterenv.learner.run.publisher import ReferencePool
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
@@ -31,7 +35,8 @@ from clusterenv.pipeline.cluster.embedded import EmbeddedServer
 from clusterenv.pipeline.codec import encode_chunk
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
-from clusterenv.pipeline.sync.source import reference_pool_rows
+from clusterenv.pipeline.policy import load_policy, numpy_policy
+from clusterenv.pipeline.sync.source import RedisWeightSource, reference_pool_rows
 
 FRAME_BYTES = 84 * 84
 
@@ -106,6 +111,40 @@ def replay_bytes(chunks: list, spaces: Any, capacity: int) -> dict[str, float]:
             "frames_per_transition": replay.frame_count / replay.inserted}  # fmt: skip
 
 
+def version_cost(url: str, chunks: list, spaces: Any, reference_size: int, repeats: int) -> dict:
+    """Bytes and milliseconds of one published version of the Nature DQN net, with its probe on
+    `reference_size` uint8 reference states, and of a worker's fetch and load of it."""
+    net = build_network(spaces.obs.row_shape, spaces.action.n, "auto", [])
+    weights = net.get_weights()
+    client, keys = connect(url), RunKeys(f"bench-pixels-{uuid.uuid4().hex[:8]}")
+    source = RedisWeightSource(client, keys)
+    pool = ReferencePool(reference_pool_rows(reference_size))
+    for arrays in chunks:
+        pool.add(arrays)
+    states = pool.recent(reference_size)
+    t0 = time.perf_counter()
+    source.publish_reference(states)
+    reference_ms = 1e3 * (time.perf_counter() - t0)
+    times: dict[str, list[float]] = {"probe_ms": [], "publish_ms": [], "fetch_load_ms": []}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        probe = numpy_policy(weights)(states)
+        t1 = time.perf_counter()
+        version = source.publish(weights, probe)
+        t2 = time.perf_counter()
+        load_policy(client.get(keys.weights(version)))
+        t3 = time.perf_counter()
+        for name, ms in zip(times, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            times[name].append(1e3 * ms)
+    sizes = {name: sum(len(k) + len(v) for k, v in client.hgetall(key).items())
+             for name, key in (("reference_bytes", keys.reference(0)),
+                               ("probe_bytes", keys.probe(version)))}  # fmt: skip
+    sizes["weight_bytes"] = len(client.get(keys.weights(version)))
+    client.delete(*client.keys(f"{keys.base}:*"))
+    return {"parameters": sum(a.size for a in weights.values()), "reference_size": reference_size,
+            "reference_ms": reference_ms, **sizes, **{k: median(v) for k, v in times.items()}}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--env", default="ALE/Pong-v5", help="a frame-stacked env id")
@@ -127,6 +166,7 @@ def main() -> None:
         url = server.start()
         runs = [ingest_rate(url, chunks, spaces, args.stream_chunks, args.capacity)
                 for _ in range(args.repeats)]  # fmt: skip
+        versions = [version_cost(url, chunks, spaces, size, args.repeats) for size in (256, 32)]
     finally:
         server.stop()
     memory = replay_bytes(chunks, spaces, args.capacity)
@@ -138,6 +178,7 @@ def main() -> None:
         "ingest_transitions_per_s": median([r["rate"] for r in runs]),
         "ingest_runs": runs,
         "replay": memory,
+        "versions": versions,
     }
     print(table([{
         "env": args.env, "chunk": result["chunk"],
@@ -147,6 +188,13 @@ def main() -> None:
         "ingest transitions/s (median)": round(result["ingest_transitions_per_s"]),
     }], ["env", "chunk", "wire B/transition", "replay B/transition", "frame",
          "ingest transitions/s (median)"]))  # fmt: skip
+    print(table([{
+        "reference states": v["reference_size"], "version MB": round(v["weight_bytes"] / 1e6, 2),
+        "publish ms": round(v["publish_ms"], 1), "fetch+load ms": round(v["fetch_load_ms"], 1),
+        "probe forward ms": round(v["probe_ms"], 1), "probe B": v["probe_bytes"],
+        "reference MB": round(v["reference_bytes"] / 1e6, 2),
+    } for v in versions], ["reference states", "version MB", "publish ms", "fetch+load ms",
+                           "probe forward ms", "probe B", "reference MB"]))  # fmt: skip
     print(f"machine: {machine()}")
     write_results(
         "pixels", {"args": {**vars(args), "out": str(args.out)}, "result": result}, args.out
