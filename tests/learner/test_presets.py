@@ -153,3 +153,14 @@ def test_a_family_entry_reaches_every_env_of_the_family_below_its_own_entry(tmp_
     assert (cfg.agent.lr, cfg.agent.batch_size) == (0.3, 16)
     assert defaults_for("Fam/Y-v0", "dqn", use_preset=True, path=path).agent.lr == 0.2
     assert defaults_for("Other/Y-v0", "dqn", use_preset=True, path=path).agent.lr == 0.1
+
+
+def test_atari_games_take_rl_zoos_atari_dqn_in_this_learners_units():
+    cfg = parse_train(["--env", "ALE/Pong-v5"])
+    a = cfg.agent
+    assert (a.lr, a.batch_size, a.buffer_size, a.learning_starts) == (1e-4, 32, 100_000, 100_000)
+    # train_freq 4, one gradient step of 32: 8 sampled per inserted; a target copy every 1,000
+    # env steps: 250 updates.
+    assert (a.samples_per_insert, a.target_update_every, a.double) == (8.0, 250, False)
+    assert (a.eps_end, a.eps_decay_steps, cfg.total_steps) == (0.01, 1_000_000, 10_000_000)
+    assert (cfg.collection.chunk_steps, cfg.weights.reference_size) == (128, 32)
