@@ -50,7 +50,8 @@ def test_an_atari_game_trains_end_to_end_on_stacked_frames(tmp_path):
     )  # fmt: skip
     assert summary["env_steps"] >= 4096 and summary["updates"] > 0
     # The frames chunks carry rebuild every transition the learner took (none refused).
-    assert summary["ingest"]["rejected"] == 0 and summary["ingest"]["chunks"] >= 16
+    # RL-Zoo's Atari preset collects in chunks of 8 x 128: four of them spend the budget.
+    assert summary["ingest"]["rejected"] == 0 and summary["ingest"]["chunks"] == 4
     # Evaluation plays whole games, unclipped: Pong's score is -21..21, a lost game -21.
     assert rows and all(-21 <= r["eval/return_mean"] <= 21 for r in rows)
     assert summary["learner"]["learner/replay_size"] >= 4000
