@@ -51,6 +51,11 @@ class Learner(Saveable, Protocol):
         """The network workers act with (`layers.{i}.*`: learner/core/networks.py)."""
         ...
 
+    def networks(self) -> dict[str, Any]:
+        """Its torch networks by the prefix their parameters carry in checkpoints (final.safetensors
+        holds these alone)."""
+        ...
+
     def metrics(self) -> dict[str, float | int | None]:
         """Namespaced figures for the metrics rows (losses/…, learner/…, pipeline/…)."""
         ...

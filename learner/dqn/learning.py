@@ -170,7 +170,7 @@ class DQNLearner:
     def save(self) -> State:
         """Both networks, Adam, the generators and counters; replay's rows and the limiter's
         counts with `save_replay`."""
-        arrays, values = save_training(self, self._nets())
+        arrays, values = save_training(self, self.networks())
         values["replay"] = None
         if self.save_replay:
             rows, values["replay"] = self.replay.save()
@@ -183,7 +183,7 @@ class DQNLearner:
     def restore(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
         """Take back what `save` returned. Without replay the limiter starts afresh too: no
         update until --learning-starts rows arrived."""
-        restore_training(self, self._nets(), arrays, values)
+        restore_training(self, self.networks(), arrays, values)
         if values["replay"] is not None:
             rows = {
                 k.removeprefix("replay."): v for k, v in arrays.items() if k.startswith("replay.")
@@ -191,7 +191,7 @@ class DQNLearner:
             self.replay.restore(rows, values["replay"])
             self.limiter.restore({}, values["limiter"])
 
-    def _nets(self) -> dict[str, nn.Module]:
+    def networks(self) -> dict[str, nn.Module]:
         """The networks by the prefix their parameters carry in checkpoints (`q.` is what
         `clusterenv eval` acts with)."""
         return {"q": self.q, "target": self.target}

@@ -25,14 +25,16 @@ def gather(components: Mapping[str, Saveable]) -> tuple[dict[str, torch.Tensor],
     state: dict[str, Any] = {}
     for name, component in components.items():
         arrays, state[name] = component.save()
-        # np.require, not np.ascontiguousarray: that makes a 0-d array (Adam's step) 1-d.
-        tensors.update(
-            {
-                f"{name}.{k}": torch.from_numpy(np.require(v, requirements="C"))
-                for k, v in arrays.items()
-            }
-        )
+        tensors.update(named_tensors(name, arrays))
     return tensors, state
+
+
+def named_tensors(name: str, arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """`arrays` as the tensors a checkpoint stores, named `{name}.{array}`."""
+    # np.require, not np.ascontiguousarray: that makes a 0-d array (Adam's step) 1-d.
+    return {
+        f"{name}.{k}": torch.from_numpy(np.require(v, requirements="C")) for k, v in arrays.items()
+    }
 
 
 def scatter(

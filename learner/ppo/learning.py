@@ -216,15 +216,15 @@ class PPOLearner:
     def save(self) -> State:
         """Both networks, Adam, the generators and counters. Queued chunks are not kept: a
         resumed run collects afresh (and its limiter starts afresh with the empty queue)."""
-        arrays, values = save_training(self, self._nets())
+        arrays, values = save_training(self, self.networks())
         values["dropped"] = [self.dropped_chunks, self.dropped_rows]
         return arrays, values
 
     def restore(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
-        restore_training(self, self._nets(), arrays, values)
+        restore_training(self, self.networks(), arrays, values)
         self.dropped_chunks, self.dropped_rows = values["dropped"]
 
-    def _nets(self) -> dict[str, nn.Module]:
+    def networks(self) -> dict[str, nn.Module]:
         """The networks by the prefix their parameters carry in checkpoints (`actor.` is what
         `clusterenv eval` acts with)."""
         return {"actor": self.actor, "critic": self.critic}

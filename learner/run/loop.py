@@ -26,8 +26,9 @@ import numpy as np
 
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.core.agent import Saveable
+from clusterenv.learner.core.networks import network_arrays
 from clusterenv.learner.persistence.checkpoint import save_checkpoint
-from clusterenv.learner.persistence.components import LEARNER, gather, scatter
+from clusterenv.learner.persistence.components import LEARNER, gather, named_tensors, scatter
 from clusterenv.learner.persistence.resume import Resumed, record_run_id
 from clusterenv.learner.run.progress import Progress
 from clusterenv.learner.run.recovery import BrokerRecovery
@@ -232,7 +233,9 @@ class Run(RunParts):
         meta = {"run_id": self.run_id, "env": self.cfg.env,
                 "env_steps": str(self.accounting.env_steps), "updates": str(self.learner.updates),
                 "policy_version": str(self.publisher.version)}  # fmt: skip
-        save_checkpoint(self.run_dir, "final", gather({LEARNER: self.learner})[0], meta)
+        # The learner's networks alone (not Adam, nor replay): what `clusterenv eval` reads.
+        final = named_tensors(LEARNER, network_arrays(self.learner.networks()))
+        save_checkpoint(self.run_dir, "final", final, meta)
         self.checkpoint()  # an interrupted or failed run resumes from where it stopped
         summary = self.records.summary({
             "run_id": self.run_id,

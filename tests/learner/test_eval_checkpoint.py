@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.core.networks import network_arrays
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.dqn.learning import DQNLearner
 from clusterenv.learner.persistence.checkpoint import save_checkpoint
-from clusterenv.learner.persistence.components import gather
+from clusterenv.learner.persistence.components import named_tensors
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.learner.tools.cli import main
@@ -23,7 +24,7 @@ RESULT = re.compile(r"greedy return (-?[\d.]+) ± ([\d.]+) over (\d+) episodes")
 
 def saved_run(run_dir, hidden: str = "2", controller: bool = True):
     """A run directory as the trainer leaves it: config.json and final.safetensors written by
-    the learner's own save (gathered as the run's `learner` component) + save_checkpoint. With `controller`, the Q-network is set by hand to
+    the learner's networks (named as the run's `learner` component) + save_checkpoint. With `controller`, the Q-network is set by hand to
     push the cart toward the side the pole falls to (3·θ + θ' > 0: right), which holds CartPole
     up for the full 500 steps; without it, the untrained network's random weights act."""
     cfg = TrainConfig(agent=DQNConfig(hidden=hidden))
@@ -42,7 +43,8 @@ def saved_run(run_dir, hidden: str = "2", controller: bool = True):
             out.bias.zero_()
     run_dir.mkdir()
     (run_dir / "config.json").write_text(cfg.to_json())
-    save_checkpoint(run_dir, "final", gather({"learner": learner})[0], {"env": cfg.env})
+    final = named_tensors("learner", network_arrays(learner.networks()))
+    save_checkpoint(run_dir, "final", final, {"env": cfg.env})
     return run_dir
 
 

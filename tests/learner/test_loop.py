@@ -12,6 +12,7 @@ from clusterenv.learner.persistence.checkpoint import Checkpoints
 from clusterenv.learner.persistence.resume import Resumed
 from clusterenv.learner.run.loop import Run
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK
+from clusterenv.pipeline.codec import decode_weights
 from clusterenv.pipeline.evaluation.request import EVALUATE_TASK
 from tests.inprocess import FakeCluster
 
@@ -57,7 +58,9 @@ def test_a_run_spends_its_budget_and_records_every_evaluation(tmp_path):
     assert [r["env_steps"] for r in rows] == steps and rows[-1]["learner/updates"] > 0
     # The run's end on the broker: marked stopped, its status final; files for resume and eval.
     assert cluster.flags.stopped and cluster.status.statuses["run-a"]["state"] == "budget spent"
-    assert (run.run_dir / "final.safetensors").is_file()
+    # final.safetensors: the networks alone (Adam and the rest are in the periodic checkpoint).
+    final = decode_weights((run.run_dir / "final.safetensors").read_bytes())
+    assert {k.split(".")[1] for k in final} == {"q", "target"}
     assert Checkpoints(run.run_dir, run.cfg.checkpoint).paths()
 
 
