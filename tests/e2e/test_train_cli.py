@@ -55,8 +55,12 @@ def test_embedded_run_trains_publishes_and_leaves_nothing_behind(tmp_path):
     ):
         assert (run_dir / name).exists(), name
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["env_steps"] >= 4000 and summary["updates"] > 0
-    assert summary["policy_versions"] > 3
+    # It spends its budget, or stops early on an evaluation at CartPole's target (CI saw DQN
+    # under train's defaults solve it at 3,584 steps once).
+    assert summary["updates"] > 0 and summary["policy_versions"] > 3
+    assert summary["env_steps"] >= 4000 or summary["solved"], summary
+    if summary["solved"]:
+        assert summary["best"]["eval_mean"] >= summary["target_return"]
     # The default rule, APS (named: CartPole's preset syncs on-change): every worker fetched its
     # first version, then checked probes of the newer ones (whether those trip the tolerance this
     # early is the rule's business).
