@@ -1,10 +1,12 @@
-"""The pipeline side of bench/overhead.py: one worker, chunk dispatch, stream reads, timings by part.
+"""The pipeline side of bench/overhead.py and bench/atari_collection.py: local workers, chunk
+dispatch, stream reads, timings by part.
 
-`one_worker` starts an embedded server and ONE local `celery worker` (the plain `Stack`, or with
-some celeryconfig settings overridden in the worker for what-if runs). `Rig.run` keeps a few
-`collect_chunk` tasks in flight and reads the stream into a learner-side ReplayBuffer, timing
-chunk arrivals and the CPU each process spent; `Rig.breakdown` times the parts of the worker's own
-`run_chunk` (collect, sync check, encode + XADD) in this process, with no Celery around it.
+`local_workers` starts an embedded server and local `celery worker`s (the plain `Stack`, or one
+worker with some celeryconfig settings overridden for what-if runs). `Rig.run` keeps a few
+`collect_chunk` tasks in flight and reads the stream into the learner's replay for the env's
+spaces (frames stored once for pixel envs), timing chunk arrivals and the CPU each process spent;
+`Rig.breakdown` times the parts of the worker's own `run_chunk` (collect, sync check, encode +
+XADD) in this process, with no Celery around it.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import psutil
 
-from clusterenv.learner.replay.uniform import ReplayBuffer
+from clusterenv.learner.dqn.builder import replay_for
 from clusterenv.pipeline.behaviour import EpsilonGreedy
+from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.runtime import WorkerRuntime
 from clusterenv.pipeline.chunks.stream import StreamReader
@@ -38,6 +42,7 @@ from clusterenv.pipeline.cluster.embedded import (
 )
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.envs.make import make_env
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.spaces import DiscreteActions, SpaceSpecs
 from clusterenv.pipeline.sync.source import RedisWeightSource
@@ -50,11 +55,60 @@ SUCCEEDED = re.compile(rb"Task clusterenv\.collect_chunk\[[^\]]+\] succeeded in 
 
 
 def chunk_template(
-    run_id: str, num_envs: int, steps: int, seed: int, epsilon: float
+    run_id: str, env: str, num_envs: int, steps: int, seed: int, epsilon: float
 ) -> dict[str, Any]:
     """ChunkRequest fields every chunk of one measurement shares (all but the chunk id)."""
-    return {"run_id": run_id, "env_id": ENV, "num_envs": num_envs, "steps": steps,
+    return {"run_id": run_id, "env_id": env, "num_envs": num_envs, "steps": steps,
             "seed": seed, "behaviour": EpsilonGreedy(epsilon), "sync": "on-change"}  # fmt: skip
+
+
+def in_process(
+    policy: Callable[[np.ndarray], np.ndarray],
+    env: str,
+    num_envs: int,
+    steps: int,
+    chunks: int,
+    warmup: int,
+    epsilon: float,
+    seed: int,
+    vector: str = "sync",
+) -> dict[str, float]:
+    """Env steps/s of Actor.collect in a plain loop: no Celery, no Redis, no codec. `vector`:
+    gymnasium's SyncVectorEnv (every env in this process, as a worker steps them) or
+    AsyncVectorEnv (a subprocess per env, stepped in parallel). Beside the rate: wall and CPU
+    (this process) per chunk and the policy's forward per chunk."""
+    if vector == "sync":
+        envs = make_vector_env(env, {}, num_envs, training=True)
+    else:
+        envs = gym.vector.AsyncVectorEnv(
+            [lambda: make_env(env, {}, training=True) for _ in range(num_envs)],
+            autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+        )
+    actor = Actor(envs, env_seeds(seed, 0, num_envs))
+    rng, behaviour, forward = np.random.default_rng(seed), EpsilonGreedy(epsilon), [0.0]
+
+    def act(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        t0 = time.perf_counter()
+        values = policy(obs)
+        forward[0] += time.perf_counter() - t0
+        return behaviour.act(values, rng)
+
+    try:
+        for _ in range(warmup):
+            actor.collect(act, steps)
+        forward[0] = 0.0
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(chunks):
+            actor.collect(act, steps)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        actor.close()
+    return {
+        "rate": chunks * num_envs * steps / wall,
+        "chunk_ms": 1e3 * wall / chunks,
+        "cpu_ms": 1e3 * cpu / chunks,
+        "forward_ms": 1e3 * forward[0] / chunks,
+    }
 
 
 class TunedWorkers(LocalWorkers):
@@ -102,12 +156,20 @@ def _cpu_s(proc: psutil.Process) -> float:
 
 
 class Rig:
-    """Drives the one worker through Celery and reads its chunks like the learner does."""
+    """Drives the workers through Celery and reads their chunks like the learner does."""
 
-    def __init__(self, url: str, worker_pid: int, server_pid: int | None, log_path: Path):
-        self.url, self.log_path = url, log_path
+    def __init__(
+        self,
+        url: str,
+        worker_pids: list[int],
+        server_pid: int | None,
+        log_path: Path,
+        env: str = ENV,
+        spaces: SpaceSpecs = SPACES,
+    ):
+        self.url, self.log_path, self.env, self.spaces = url, log_path, env, spaces
         self.client = connect(url)
-        self.worker = psutil.Process(worker_pid)
+        self.workers = [psutil.Process(pid) for pid in worker_pids]
         self.server = psutil.Process(server_pid) if server_pid else None
         self.app = celery_client(url, "clusterenv-bench")
         self._log_offset = 0
@@ -120,7 +182,8 @@ class Rig:
 
     def _cpu(self) -> tuple[float, float, float, float]:
         server = _cpu_s(self.server) if self.server else float("nan")
-        return time.perf_counter(), _cpu_s(self.worker), time.process_time(), server
+        workers = sum(_cpu_s(w) for w in self.workers)
+        return time.perf_counter(), workers, time.process_time(), server
 
     def run(
         self,
@@ -139,15 +202,15 @@ class Rig:
         Tasks of `per_task` chunks each, `in_flight` tasks at a time."""
         keys = RunKeys(f"bench-overhead-{uuid.uuid4().hex[:8]}")
         RedisWeightSource(self.client, keys).publish(weights)
-        reader = StreamReader(connect(self.url, blocking=True), keys, SPACES)
-        replay = ReplayBuffer(100_000, OBS_SHAPE, np.float32)
+        reader = StreamReader(connect(self.url, blocking=True), keys, self.spaces)
+        replay = replay_for(self.spaces, 100_000)
         arrivals: list[float] = []
 
         def sink(header: dict[str, Any], a: dict[str, np.ndarray]) -> None:
-            replay.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
+            replay.insert(a)
             arrivals.append(time.perf_counter())
 
-        template = chunk_template(keys.run_id, num_envs, steps, seed, epsilon)
+        template = chunk_template(keys.run_id, self.env, num_envs, steps, seed, epsilon)
         total, sent, start = -(-(warmup + chunks) // per_task) * per_task, 0, None
         chunks = total - warmup
         self._task_runtimes()
@@ -174,7 +237,7 @@ class Rig:
             "chunk_ms": 1e3 * wall / chunks,
             # Celery's runtime of a task, per chunk it carried
             "task_ms": 1e3 * statistics.fmean(runtimes) / per_task if runtimes else float("nan"),
-            "worker_cpu_ms": per_chunk[1],
+            "worker_cpu_ms": per_chunk[1],  # all workers together
             "learner_cpu_ms": per_chunk[2],
             "server_cpu_ms": per_chunk[3],
         }
@@ -192,7 +255,7 @@ class Rig:
         keys = RunKeys(f"bench-overhead-parts-{uuid.uuid4().hex[:8]}")
         RedisWeightSource(self.client, keys).publish(weights)
         runtime = WorkerRuntime(self.client, "bench-in-process")
-        template = chunk_template(keys.run_id, num_envs, steps, seed, epsilon)
+        template = chunk_template(keys.run_id, self.env, num_envs, steps, seed, epsilon)
         runtime.run_chunk(ChunkRequest(chunk_id=0, **template))  # creates the envs, fetches weights
         state = runtime.runs.get(keys.run_id)
         assert state is not None
@@ -231,13 +294,22 @@ def _timed(fn: Callable[..., Any], spent: dict[str, float], name: str) -> Callab
 
 
 @contextmanager
-def one_worker(log: Path, settings: dict[str, Any]) -> Iterator[Rig]:
-    """An embedded server and ONE local worker: the plain Stack unless settings are overridden."""
+def local_workers(
+    log: Path,
+    settings: dict[str, Any],
+    count: int = 1,
+    env: str = ENV,
+    spaces: SpaceSpecs = SPACES,
+) -> Iterator[Rig]:
+    """An embedded server and `count` local workers: the plain Stack, or (one worker only) one
+    whose celeryconfig `settings` are overridden."""
     if not settings:
-        with Stack(None, workers=1, log_path=log) as stack:
+        with Stack(None, workers=count, log_path=log) as stack:
             assert stack.redis_url and stack.workers and stack.server
-            yield Rig(stack.redis_url, stack.workers.pids[0], stack.server.pid, log)
+            yield Rig(stack.redis_url, stack.workers.pids, stack.server.pid, log, env, spaces)
         return
+    if count != 1:
+        raise ValueError("overridden worker settings: one worker only")
     server = EmbeddedServer()
     workers: TunedWorkers | None = None
     try:
@@ -245,7 +317,7 @@ def one_worker(log: Path, settings: dict[str, Any]) -> Iterator[Rig]:
         workers = TunedWorkers(url, log, settings)
         workers.start()
         workers.wait_ready(connect(url), 1)
-        yield Rig(url, workers.pids[0], server.pid, log)
+        yield Rig(url, workers.pids, server.pid, log, env, spaces)
     finally:
         if workers is not None:
             workers.stop()

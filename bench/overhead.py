@@ -13,16 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.collect_rig import ENV, NUM_ACTIONS, OBS_SHAPE, one_worker
+from bench.collect_rig import ENV, NUM_ACTIONS, OBS_SHAPE, in_process, local_workers
 from bench.common import mark_start, median, table, write_results
-from clusterenv.pipeline.behaviour import EpsilonGreedy
-from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.policy import NumpyMLP
 
 TARGET = 0.85
@@ -36,38 +33,6 @@ def fixed_weights(seed: int) -> dict[str, np.ndarray]:
 
     torch.manual_seed(seed)
     return MLP(int(np.prod(OBS_SHAPE)), NUM_ACTIONS, [256, 256]).get_weights()
-
-
-def in_process(
-    weights: dict[str, np.ndarray],
-    num_envs: int,
-    steps: int,
-    chunks: int,
-    warmup: int,
-    epsilon: float,
-    seed: int,
-) -> dict[str, float]:
-    """Env steps/s of Actor.collect in a plain loop: no Celery, no Redis, no codec."""
-    actor = Actor(make_vector_env(ENV, {}, num_envs, training=True), env_seeds(seed, 0, num_envs))
-    policy, rng, behaviour = NumpyMLP(weights), np.random.default_rng(seed), EpsilonGreedy(epsilon)
-
-    def act(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        return behaviour.act(policy(obs), rng)
-
-    try:
-        for _ in range(warmup):
-            actor.collect(act, steps)
-        t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(chunks):
-            actor.collect(act, steps)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    finally:
-        actor.close()
-    return {
-        "rate": chunks * num_envs * steps / wall,
-        "chunk_ms": 1e3 * wall / chunks,
-        "cpu_ms": 1e3 * cpu / chunks,
-    }
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -240,13 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     with (
         tempfile.TemporaryDirectory() as tmp,
-        one_worker(Path(tmp) / "worker.log", dict(args.worker_setting)) as rig,
+        local_workers(Path(tmp) / "worker.log", dict(args.worker_setting)) as rig,
     ):
         for rep in range(args.repeats):
             for envs, steps, per_task in variants:
                 chunks = max(1, args.env_steps // (envs * steps))
                 common = dict(num_envs=envs, steps=steps, epsilon=args.epsilon, seed=args.seed)
-                base = in_process(weights, chunks=chunks, warmup=args.warmup, **common)
+                base = in_process(
+                    NumpyMLP(weights), ENV, chunks=chunks, warmup=args.warmup, **common
+                )
                 pipe = rig.run(
                     weights, chunks=chunks, warmup=args.warmup, in_flight=args.in_flight,
                     per_task=per_task, **common,

@@ -1,13 +1,17 @@
 """SB3's side of the comparisons with clusterenv: RL-Zoo's DQN settings, the trial (env, budget
 and the one eval protocol) both systems run under, and SB3 DQN run to it in this process.
 
-Shared by bench/time_to_solve.py, bench/presets.py (--sb3) and bench/update_cost.py.
+Shared by bench/time_to_solve.py, bench/presets.py (--sb3), bench/update_cost.py and
+bench/minatar_learning.py. Both systems step the env clusterenv's workers make (`make_env`: a
+plain id as gym.make gives it, MinAtar through its adapter); on MinAtar, SB3's Q-network is
+MinAtar's own (`sb3_params_from_preset`), the one `--torso minatar` builds.
 SB3 is the optional bench dependency: pip install -e '.[bench]'.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +57,59 @@ def hits(evals: list[tuple[int, float, float]], target: float, n: int) -> tuple[
     return first, None
 
 
+def sb3_params_from_preset(env: str, budget: int) -> dict[str, Any]:
+    """SB3 DQN's arguments for clusterenv's DQN preset of `env`, in SB3's units: updates per env
+    step from samples per insert, a target copy every so many env steps, epsilon's decay as a
+    fraction of the budget; MinAtar's conv torso on 10 x 10 planes. Only what SB3 can express:
+    plain DQN targets (a preset with double = true is refused), a constant learning rate."""
+    from clusterenv.learner.tools.presets import defaults_for
+
+    d = defaults_for(env, "dqn", use_preset=True).agent
+    if d.double or d.lr_end is not None:
+        raise ValueError(f"{env}'s preset uses double DQN or an lr schedule: SB3's DQN has neither")
+    per_step = d.samples_per_insert / d.batch_size  # gradient steps per env step
+    train_freq, gradient_steps = (1, round(per_step)) if per_step >= 1 else (round(1 / per_step), 1)
+    params: dict[str, Any] = {
+        "learning_rate": d.lr,
+        "batch_size": d.batch_size,
+        "buffer_size": d.buffer_size,
+        "learning_starts": d.learning_starts,
+        "gamma": d.gamma,
+        "target_update_interval": round(d.target_update_every / per_step),
+        "train_freq": train_freq,
+        "gradient_steps": gradient_steps,
+        "exploration_initial_eps": d.eps_start,
+        "exploration_final_eps": d.eps_end,
+        "exploration_fraction": min(1.0, d.eps_decay_steps / budget),
+        "max_grad_norm": d.max_grad_norm,
+    }
+    if env.startswith("MinAtar/"):
+        params["policy_kwargs"] = {"features_extractor_class": minatar_torso(), "net_arch": []}
+    return params
+
+
+def minatar_torso() -> type:
+    """MinAtar's conv torso as an SB3 features extractor: 16 3x3 convolutions at stride 1, ReLU,
+    a 128-unit layer, ReLU (SB3's Q head adds the output layer); observations taken as they come
+    (0/1 planes: SB3 scales only 0-255 images)."""
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+    from torch import nn
+
+    class MinAtarTorso(BaseFeaturesExtractor):
+        def __init__(self, space: Any, features_dim: int = 128):
+            super().__init__(space, features_dim)
+            c, h, w = space.shape
+            self.net = nn.Sequential(
+                nn.Conv2d(c, 16, 3, 1), nn.ReLU(), nn.Flatten(),
+                nn.Linear(16 * (h - 2) * (w - 2), features_dim), nn.ReLU(),
+            )  # fmt: skip
+
+        def forward(self, obs: Any) -> Any:
+            return self.net(obs)
+
+    return MinAtarTorso
+
+
 def sb3_run(
     seed: int,
     trial: Trial,
@@ -67,6 +124,8 @@ def sb3_run(
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
 
+    from clusterenv.pipeline.envs.make import make_env
+
     torch.set_num_threads(threads)
 
     class SolveCallback(BaseCallback):
@@ -75,7 +134,7 @@ def sb3_run(
         def __init__(self) -> None:
             super().__init__()
             self.eval_env = make_vec_env(
-                trial.env, n_envs=trial.episodes, seed=seed + 10**6, env_kwargs=trial.env_kwargs
+                env_maker(training=False), n_envs=trial.episodes, seed=seed + 10**6
             )
             self.evals: list[tuple[int, float, float]] = []
             self.t0 = 0.0
@@ -96,7 +155,10 @@ def sb3_run(
             self.run = self.run + 1 if mean >= trial.target else 0
             return self.run < trial.solve_evals
 
-    train_env = make_vec_env(trial.env, n_envs=1, seed=seed, env_kwargs=trial.env_kwargs)
+    def env_maker(training: bool) -> Callable[[], Any]:
+        return lambda: make_env(trial.env, trial.env_kwargs, training=training)
+
+    train_env = make_vec_env(env_maker(training=True), n_envs=1, seed=seed)
     if params is None:
         params = RL_ZOO_CARTPOLE | {
             "exploration_fraction": min(

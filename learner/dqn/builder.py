@@ -15,6 +15,15 @@ from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.spaces import SpaceSpecs
 
 
+def replay_for(spaces: SpaceSpecs, capacity: int) -> FrameReplay | ReplayBuffer:
+    """DQN's replay for these spaces: stacked frames stored once each (learner/replay/frames.py),
+    other observations whole."""
+    obs, action = spaces.obs, spaces.action.array
+    if spaces.stack:
+        return FrameReplay(capacity, spaces.stack, spaces.frame, action)
+    return ReplayBuffer(capacity, obs.row_shape, np.dtype(obs.dtype), action)
+
+
 def build_dqn(cfg: TrainConfig[DQNConfig], spaces: SpaceSpecs) -> Agent:
     d, chunk = cfg.agent, cfg.collection.chunk_env_steps
     # Dispatch sends whole tasks: the limiter's slack must admit one, or dispatch (waiting for
@@ -29,13 +38,7 @@ def build_dqn(cfg: TrainConfig[DQNConfig], spaces: SpaceSpecs) -> Agent:
         error_buffer=max(spi * chunk * cfg.collection.error_buffer_chunks,
                          spi * task + d.batch_size),
     )  # fmt: skip
-    obs, action = spaces.obs, spaces.action.array
-    # Stacked frames are stored once each (learner/replay/frames.py); other observations whole.
-    replay = (
-        FrameReplay(d.buffer_size, spaces.stack, spaces.frame, action)
-        if spaces.stack
-        else ReplayBuffer(d.buffer_size, obs.row_shape, np.dtype(obs.dtype), action)
-    )
+    obs, replay = spaces.obs, replay_for(spaces, d.buffer_size)
     learner = DQNLearner(
         obs.row_shape, spaces.action.n, d, replay, limiter, cfg.seed,
         total_steps=cfg.total_steps, save_replay=cfg.checkpoint.checkpoint_replay,
