@@ -32,8 +32,14 @@ AGENT_CONFIGS: dict[str, type] = {"dqn": DQNConfig, "ppo": PPOConfig}
 AgentConfig = TypeVar("AgentConfig", DQNConfig, PPOConfig)
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a task argument can carry")
+
+
 def _json_object(args: list[str]) -> dict[str, Any]:
-    value = json.loads(args[0])  # a JSONDecodeError is a ValueError: tyro reports it on the flag
+    # A JSONDecodeError is a ValueError: tyro reports it on the flag. NaN and Infinity (which
+    # Python's json reads) are refused here, as the workers' task arguments refuse them.
+    value = json.loads(args[0], parse_constant=_no_constant)
     if not isinstance(value, dict):
         raise ValueError("must be a JSON object")
     return value
@@ -59,6 +65,14 @@ class CollectionConfig:
     """steps per env in one chunk (a chunk holds envs_per_worker x chunk_steps env steps)"""
     error_buffer_chunks: float = 4.0
     """chunks that collection may run ahead of (or behind) the learner's rate limit"""
+    chunk_time_limit_s: Annotated[
+        float | None, arg(help_behavior_hint="(default: 2/3 of --lost-after-s)")
+    ] = None
+    """seconds a worker may spend on one chunk; past it the env counts as hung and the chunk is
+    cut off (the steps before are kept), like an env that raised; 0: no limit. Below
+    --lost-after-s, so the learner hears of a hang before it writes the chunk off"""
+    env_faults_in_a_row: int = 20
+    """chunks in a row whose env raised or hung that end the run (an env failing every time)"""
 
     @property
     def chunk_env_steps(self) -> int:
@@ -202,6 +216,11 @@ class TrainConfig(Generic[AgentConfig]):
                                     if getattr(self, n) is not None])  # fmt: skip
         require_non_negative(self.evaluation, ("eval_tasks",))
         require_non_negative(self.collection, ("error_buffer_chunks",))
+        require_positive(self.collection, ("env_faults_in_a_row",))
+        limit = self.chunk_time_limit_s()
+        if not 0 <= limit < self.dispatch.lost_after_s:
+            raise ValueError(f"--chunk-time-limit-s ({limit:g}) must be below --lost-after-s "
+                             f"({self.dispatch.lost_after_s:g}), or 0 for no limit")  # fmt: skip
         ck = self.checkpoint
         if ck.checkpoint_every_s < 0 or ck.checkpoint_every_updates < 0:
             raise ValueError("--checkpoint-every-s and --checkpoint-every-updates must be >= 0")
@@ -217,6 +236,11 @@ class TrainConfig(Generic[AgentConfig]):
                 "--checkpoint-replay: PPO learns from fresh chunks and has no replay to keep"
             )
         parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds, self.policy_kind)
+
+    def chunk_time_limit_s(self) -> float:
+        """--chunk-time-limit-s, or its default: two thirds of --lost-after-s."""
+        limit = self.collection.chunk_time_limit_s
+        return self.dispatch.lost_after_s * 2 / 3 if limit is None else limit
 
     def torch_device(self) -> torch.device:
         """The learner's device; ValueError naming --device if torch cannot use it here."""

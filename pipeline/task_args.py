@@ -27,7 +27,13 @@ def _fits(value: Any, hint: Any) -> bool:
         return any(_fits(value, h) for h in typing.get_args(hint))
     if hint is type(None):
         return value is None
-    if hint is Any:
+    if hint is Any:  # any JSON, but no NaN or Infinity anywhere in it (env kwargs, say)
+        if isinstance(value, float):
+            return math.isfinite(value)
+        if isinstance(value, list):
+            return all(_fits(v, Any) for v in value)
+        if isinstance(value, dict):
+            return all(_fits(v, Any) for v in value.values())
         return True
     if hint is bool:
         return isinstance(value, bool)

@@ -153,7 +153,7 @@ class FakeTransitions:
                     self.queued.extendleft(reversed(batch[i:]))
                 raise
             self.seen.add(chunk_id)
-            rows = len(arrays["action"])
+            rows = len(arrays["action"]) if arrays else 0
             self.stats.chunks += 1
             self.stats.transitions += rows
             accepted += rows
@@ -167,12 +167,14 @@ class ScriptedWorkers:
     """A SendTask that plays the workers in process, at once: each `clusterenv.collect_chunk`
     writes its chunks (random CartPole-shaped transitions acted with the newest version) into
     `transitions`; each `clusterenv.evaluate` part pushes `eval_return` for each of its seeds
-    into `evals`. `tasks` counts what was sent, by task name."""
+    into `evals`. `tasks` counts what was sent, by task name. With `env_error` set ({"kind",
+    "error"}), every chunk is what a worker whose env fails at once sends: a header alone."""
 
     def __init__(self, transitions: FakeTransitions, evals: FakeEvalResults,
                  weights: FakeWeightSource, eval_return: float = 10.0, seed: int = 0):  # fmt: skip
         self.transitions, self.evals, self.weights = transitions, evals, weights
         self.eval_return = eval_return
+        self.env_error: dict[str, str] | None = None
         self.rng = np.random.default_rng(seed)
         self.tasks: dict[str, int] = {}
 
@@ -187,6 +189,11 @@ class ScriptedWorkers:
             return
         rows = kwargs["num_envs"] * kwargs["steps"]
         for chunk in range(kwargs["chunk_id"], kwargs["chunk_id"] + kwargs["chunks"]):
+            if self.env_error is not None:
+                self.transitions.write({"run": kwargs["run_id"], "chunk": chunk,
+                                        "worker": "worker-0", "policy_version": -1,
+                                        "env_steps": 0, "env_error": self.env_error}, {})  # fmt: skip
+                continue
             obs = self.rng.normal(size=(rows + 1, 4)).astype(np.float32)
             arrays = {
                 "obs": obs[:-1], "next_obs": obs[1:],

@@ -32,7 +32,8 @@ RESUMABLE = frozenset({
     "resume", "total_steps", "redis_url", "workers", "eval_workers", "status_every_s", "torch_threads",
     "device",
     "eval_timeout_s", "lost_after_s", "slots_every_s", "checkpoint_every_s",
-    "checkpoint_every_updates", "checkpoints_kept", "checkpoint_replay",
+    "checkpoint_every_updates", "checkpoints_kept", "checkpoint_replay", "chunk_time_limit_s",
+    "env_faults_in_a_row",
 })  # fmt: skip
 
 

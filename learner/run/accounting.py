@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from clusterenv.learner.run.ingest import Arrival
+from clusterenv.pipeline.envs.faults import FAULT_KINDS
 
 
 def id_ranges(ids: set[int]) -> list[list[int]]:
@@ -38,10 +39,22 @@ class RunAccounting:
         # started again from zero under the resumed run's id).
         self.sync_before: dict[str, int] = {}
         self._window_start = 0  # chunks already covered by a previous metrics row
+        # Chunks that ended in an env fault, by kind (pipeline/envs/faults.py); the last one's
+        # words; chunks in a row that ended so (the loop stops the run past a bound).
+        self.env_errors = dict.fromkeys(FAULT_KINDS, 0)
+        self.last_env_error: str | None = None
+        self.faults_in_a_row = 0
 
     def record(self, arrival: Arrival) -> None:
         h = arrival.header
         self.env_steps += int(h.get("env_steps", arrival.transitions))
+        fault = h.get("env_error")
+        self.faults_in_a_row = self.faults_in_a_row + 1 if fault else 0
+        if fault:
+            self.env_errors[fault["kind"]] += 1
+            self.last_env_error = f"{fault['kind']}: {fault['error']}"
+            if not arrival.transitions:  # a header alone: no behaviour policy to lag
+                return
         self.lag_versions.append(arrival.lag_versions)
         self.lag_updates.append(arrival.lag_updates)
         if isinstance(h.get("divergence"), float):
@@ -94,7 +107,8 @@ class RunAccounting:
             "episode_returns": np.asarray(self.episode_returns, np.float64),
         }
         counters = {"env_steps": self.env_steps, "broker_recoveries": self.broker_recoveries,
-                    "sync_totals": self.sync_totals()}  # fmt: skip
+                    "sync_totals": self.sync_totals(), "env_errors": self.env_errors,
+                    "last_env_error": self.last_env_error}  # fmt: skip
         return arrays, counters
 
     def restore(self, arrays: Mapping[str, np.ndarray], counters: Mapping[str, Any]) -> None:
@@ -110,6 +124,8 @@ class RunAccounting:
             counters["broker_recoveries"],
         )
         self.sync_before, self.worker_sync = dict(counters["sync_totals"]), {}
+        self.env_errors |= counters.get("env_errors", {})  # absent before env faults were counted
+        self.last_env_error = counters.get("last_env_error")
         self._window_start = len(self.lag_versions)
 
     def summary(self) -> dict[str, Any]:
@@ -117,4 +133,6 @@ class RunAccounting:
             "sync_total": self.sync_totals(),
             "lag": self.lag_stats(),
             "sync_per_worker": self.worker_sync,
+            "env_errors": self.env_errors,
+            "last_env_error": self.last_env_error,
         }

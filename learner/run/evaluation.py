@@ -47,7 +47,8 @@ class _Pending:
 
 
 class RemoteEvaluation:
-    """Sends `clusterenv.evaluate` parts through `send`; collects their results from `board`."""
+    """Sends `clusterenv.evaluate` parts through `send`; collects their results from `board`.
+    A worker cuts a part off after `time_limit_s` (a hung env: it answers with the fault)."""
 
     def __init__(
         self,
@@ -60,10 +61,11 @@ class RemoteEvaluation:
         episodes: int,
         seed: int,
         clock: Callable[[], float] = time.monotonic,
+        time_limit_s: float = 0.0,
     ):
         self.run_id, self.board, self.workers, self.send = run_id, board, workers, send
         self.env_id, self.env_kwargs, self.episodes, self.seed = env_id, env_kwargs, episodes, seed
-        self.clock = clock
+        self.time_limit_s, self.clock = time_limit_s, clock
         self.next_id = 0
         self.pending: _Pending | None = None
         self.errors = 0
@@ -77,9 +79,8 @@ class RemoteEvaluation:
         seeds = eval_seeds(self.seed, eval_id, n)
         blocks = [b.tolist() for b in np.array_split(np.array(seeds), min(parts, n))]
         for part, block in enumerate(blocks):
-            req = EvalRequest(
-                self.run_id, eval_id, part, version, self.env_id, block, self.env_kwargs
-            )
+            req = EvalRequest(self.run_id, eval_id, part, version, self.env_id, block,
+                              self.env_kwargs, self.time_limit_s)  # fmt: skip
             self.send(EVALUATE_TASK, req.to_json())
         result = EvalResult(eval_id, version, env_steps, self.clock(), np.zeros(0))
         self.pending = _Pending(result, len(blocks))

@@ -66,6 +66,9 @@ class Ingest:
         self._thread = threading.Thread(target=self._run, name="ingest", daemon=True)
 
     def _sink(self, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        if not arrays:  # an env fault before the chunk's first transition: a header alone
+            self._arrivals.put(Arrival(header, 0, 0, 0))
+            return
         rows = self.store(header, arrays)
         lag_versions, lag_updates = self.lag_of(header["policy_version"])
         self._arrivals.put(Arrival(header, rows, lag_versions, lag_updates))

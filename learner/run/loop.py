@@ -150,6 +150,10 @@ class Run(RunParts):
         error = self.ingest.error
         if error is not None:
             raise RunFailed(f"ingest failed: {type(error).__name__}: {error}", broker_gone(error))
+        faults, acc = self.cfg.collection.env_faults_in_a_row, self.accounting
+        if acc.faults_in_a_row >= faults:
+            raise RunFailed(f"env {self.cfg.env} failed in {acc.faults_in_a_row} chunks in a "
+                            f"row; the last: {acc.last_env_error}")  # fmt: skip
         self.recovery.check()
 
     def turn(self) -> bool:

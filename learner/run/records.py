@@ -64,6 +64,7 @@ class RunRecords:
             "pipeline/rejected": stats.rejected,
             "pipeline/lost_chunks": self.dispatcher.lost,
             "pipeline/workers": self.dispatcher.slots(),
+            **{f"pipeline/env_errors/{k}": v for k, v in acc.env_errors.items()},
             **{f"pipeline/{k}": v for k, v in acc.window_lag_stats().items()},
             **{f"pipeline/{k}": v for k, v in acc.sync_totals().items()},
         }

@@ -161,12 +161,14 @@ def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str
         "run_id": run_id, "env_id": cfg.env, "env_kwargs": cfg.env_kwargs,
         "num_envs": cfg.collection.envs_per_worker, "steps": cfg.collection.chunk_steps,
         "seed": cfg.seed, "sync": w.sync, "max_lag_versions": agent.max_lag_versions,
-        "max_lag_seconds": w.max_lag_seconds,
+        "max_lag_seconds": w.max_lag_seconds, "time_limit_s": cfg.chunk_time_limit_s(),
     }  # fmt: skip
     dispatcher = Dispatcher(broker.send, broker.workers.alive_processes, template,
                             cfg.collection.chunk_env_steps, cfg.dispatch)  # fmt: skip
+    # A worker cuts a hung evaluation off before the learner would give it up.
     evaluation = RemoteEvaluation(run_id, broker.evals, broker.workers, broker.send, cfg.env,
-                                  cfg.env_kwargs, cfg.evaluation.eval_episodes, seed=cfg.seed)  # fmt: skip
+                                  cfg.env_kwargs, cfg.evaluation.eval_episodes, seed=cfg.seed,
+                                  time_limit_s=cfg.evaluation.eval_timeout_s * 2 / 3)  # fmt: skip
     target = cfg.target_return if cfg.target_return is not None else threshold
     accounting, best = RunAccounting(), BestKeeper(run_dir)
     return RunParts(

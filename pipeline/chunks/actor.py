@@ -18,6 +18,14 @@ import gymnasium as gym
 import numpy as np
 
 from clusterenv.pipeline.envs import make_env
+from clusterenv.pipeline.envs.faults import (
+    EnvFault,
+    NameFaults,
+    TimeLimitHit,
+    describe,
+    hang_fault,
+    time_limit,
+)
 from clusterenv.pipeline.frames import FRAMES, NEXT_FRAMES, OBS_FRAMES, FrameEncoder
 from clusterenv.pipeline.spaces import SpaceSpecs, stack_depth
 
@@ -46,11 +54,15 @@ def make_vector_env(
     env_id: str, env_kwargs: dict[str, Any], num_envs: int, *, training: bool
 ) -> gym.vector.VectorEnv:
     """SyncVectorEnv of `num_envs` copies made by make_env (collection: `training`; greedy
-    evaluation: not); NEXT_STEP autoreset (gymnasium's default)."""
-    return gym.vector.SyncVectorEnv(
-        [lambda: make_env(env_id, env_kwargs, training=training) for _ in range(num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
-    )
+    evaluation: not); NEXT_STEP autoreset (gymnasium's default). What the envs raise comes out as
+    EnvFault: "make" from here, "reset" and "step" from the vector env (pipeline/envs/faults.py)."""
+    try:
+        return gym.vector.SyncVectorEnv(
+            [lambda: NameFaults(make_env(env_id, env_kwargs, training=training))] * num_envs,
+            autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+        )
+    except Exception as exc:
+        raise EnvFault("make", describe(exc)) from exc
 
 
 @dataclass
@@ -60,6 +72,7 @@ class Chunk:
     arrays: dict[str, np.ndarray]
     episodes: list[tuple[float, int]] = field(default_factory=list)
     env_steps: int = 0
+    fault: EnvFault | None = None  # the env failed: the chunk holds the steps before it
 
 
 class Actor:
@@ -77,7 +90,10 @@ class Actor:
         self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self._ep_length = np.zeros(self.num_envs, dtype=np.int64)
 
-    def collect(self, act: Act, steps: int) -> Chunk:
+    def collect(self, act: Act, steps: int, time_limit_s: float = 0.0) -> Chunk:
+        """`steps` steps of every env. If an env raises (EnvFault) or the chunk runs past
+        `time_limit_s` (0: no limit), the chunk ends there with the steps completed before it
+        and the fault; the envs are then in no known state and this actor must be closed."""
         n, obs_spec, act_spec = self.num_envs, self.spaces.obs, self.spaces.action.array
         # Whole observations, or (stacked frames) the indexes of their frames in `frames`.
         encoder = FrameEncoder(self.obs) if self.spaces.stack else None
@@ -91,48 +107,63 @@ class Actor:
         valid = np.empty((steps, n), dtype=bool)
         extra_bufs: dict[str, np.ndarray] = {}
         episodes: list[tuple[float, int]] = []
-        obs = self.obs
-        for t in range(steps):
-            actions, extra = act(obs)
-            for name, values in extra.items():
-                if name not in extra_bufs:
-                    extra_bufs[name] = np.empty((steps, n), dtype=values.dtype)
-                extra_bufs[name][t] = values
-            next_obs, reward, terminated, truncated, _ = self.envs.step(actions)
-            real = ~self._autoreset  # False on the reset step that follows a done
-            if encoder is None:
-                obs_buf[t], next_buf[t] = obs, next_obs
-            else:
-                obs_buf[t], next_buf[t] = encoder.current(), encoder.advance(next_obs)
-            act_buf[t] = actions
-            rew_buf[t], term_buf[t], trunc_buf[t], valid[t] = reward, terminated, truncated, real
-            self._ep_return += np.where(real, reward, 0.0)
-            self._ep_length += real
-            done = real & (terminated | truncated)
-            for i in np.flatnonzero(done):
-                episodes.append((float(self._ep_return[i]), int(self._ep_length[i])))
-            self._ep_return[done] = 0.0
-            self._ep_length[done] = 0
-            self._autoreset = terminated | truncated
-            obs = next_obs
+        obs, kept, kept_episodes, fault = self.obs, 0, 0, None
+        with time_limit(time_limit_s):
+            try:
+                for t in range(steps):
+                    actions, extra = act(obs)
+                    for name, values in extra.items():
+                        if name not in extra_bufs:
+                            extra_bufs[name] = np.empty((steps, n), dtype=values.dtype)
+                        extra_bufs[name][t] = values
+                    next_obs, reward, terminated, truncated, _ = self.envs.step(actions)
+                    real = ~self._autoreset  # False on the reset step that follows a done
+                    if encoder is None:
+                        obs_buf[t], next_buf[t] = obs, next_obs
+                    else:
+                        obs_buf[t], next_buf[t] = encoder.current(), encoder.advance(next_obs)
+                    act_buf[t] = actions
+                    rew_buf[t], term_buf[t], trunc_buf[t] = reward, terminated, truncated
+                    valid[t] = real
+                    self._ep_return += np.where(real, reward, 0.0)
+                    self._ep_length += real
+                    done = real & (terminated | truncated)
+                    for i in np.flatnonzero(done):
+                        episodes.append((float(self._ep_return[i]), int(self._ep_length[i])))
+                    self._ep_return[done] = 0.0
+                    self._ep_length[done] = 0
+                    self._autoreset = terminated | truncated
+                    obs = next_obs
+                    kept, kept_episodes = t + 1, len(episodes)
+            except EnvFault as exc:
+                fault = exc
+            except TimeLimitHit:
+                fault = hang_fault(time_limit_s)
+        # The trap: a fault can strike anywhere in a step (the time limit's even between two
+        # buffer writes); only the steps before it are whole, and only they are sent.
+        del episodes[kept_episodes:]
         self.obs = obs
-        env_index = np.broadcast_to(np.arange(n, dtype=np.int32), (steps, n))
-        flat = valid.reshape(-1)
+        env_index = np.broadcast_to(np.arange(n, dtype=np.int32), (kept, n))
+        flat = valid[:kept].reshape(-1)
+
+        def rows(buf: np.ndarray) -> np.ndarray:
+            return buf[:kept].reshape(kept * n, *buf.shape[2:])[flat]
+
         names = (OBS_FRAMES, NEXT_FRAMES) if encoder else ("obs", "next_obs")
         arrays = {
-            names[0]: obs_buf.reshape(steps * n, *row)[flat],
-            "action": act_buf.reshape(steps * n, *act_spec.row_shape)[flat],
-            "reward": rew_buf.reshape(-1)[flat],
-            names[1]: next_buf.reshape(steps * n, *row)[flat],
-            "terminated": term_buf.reshape(-1)[flat],
-            "truncated": trunc_buf.reshape(-1)[flat],
-            "env_index": env_index.reshape(-1)[flat],
-            **{name: buf.reshape(-1)[flat] for name, buf in extra_bufs.items()},
+            names[0]: rows(obs_buf),
+            "action": rows(act_buf),
+            "reward": rows(rew_buf),
+            names[1]: rows(next_buf),
+            "terminated": rows(term_buf),
+            "truncated": rows(trunc_buf),
+            "env_index": rows(env_index),
+            **{name: rows(buf) for name, buf in extra_bufs.items()},
         }
         if encoder is not None:
             frame = self.spaces.frame
             arrays[FRAMES] = encoder.array(frame.row_shape, np.dtype(frame.dtype))
-        return Chunk(arrays=arrays, episodes=episodes, env_steps=steps * n)
+        return Chunk(arrays=arrays, episodes=episodes, env_steps=kept * n, fault=fault)
 
     def close(self) -> None:
         self.envs.close()

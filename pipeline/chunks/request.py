@@ -34,6 +34,7 @@ class ChunkRequest(TaskArgs):
     max_lag_seconds: float = 0.0
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     chunks: int = 1
+    time_limit_s: float = 0.0  # a chunk running longer is cut off as a hung env (0: no limit)
 
     def check(self) -> None:
         if self.num_envs < 1 or self.steps < 1:
@@ -44,6 +45,8 @@ class ChunkRequest(TaskArgs):
             raise TaskArgsError(f"chunks must be in [1, {MAX_CHUNKS_PER_TASK}], got {self.chunks}")
         if self.max_lag_versions < 0 or not self.max_lag_seconds >= 0:  # NaN too
             raise TaskArgsError("max_lag_versions and max_lag_seconds must be >= 0")
+        if not 0 <= self.time_limit_s < float("inf"):
+            raise TaskArgsError(f"time_limit_s must be finite and >= 0, got {self.time_limit_s}")
         try:
             parse_sync(self.sync, self.max_lag_versions, self.max_lag_seconds, type(self.behaviour))
         except ValueError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -12,11 +13,14 @@ import redis
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.chunks.stream import StreamWriter
+from clusterenv.pipeline.envs.faults import EnvFault
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.outbox import Outbox
 from clusterenv.pipeline.roles import TransitionWriter, WeightClient
 from clusterenv.pipeline.sync.client import RedisWeightClient
 from clusterenv.pipeline.sync.rules import parse_sync
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,7 +34,10 @@ class RunState:
     rng: np.random.Generator
 
     def close(self) -> None:
-        self.actor.close()
+        try:
+            self.actor.close()
+        except Exception as exc:  # the user's env; the worker goes on without it either way
+            log.warning("closing the envs failed: %s: %s", type(exc).__name__, exc)
 
 
 class RunCache:
@@ -99,14 +106,21 @@ class WorkerRuntime:
 
     def run_chunk(self, req: ChunkRequest) -> dict[str, Any]:
         """The request's chunks back to back, each with its own stop check, sync check and stream
-        entry; returns the small summary Flower shows once every chunk it collected is stored."""
+        entry; returns the small summary Flower shows once every chunk it collected is stored.
+        A chunk whose env fails (EnvFault) ends there: it goes to the learner with the steps
+        before the fault and the fault in its header, the run's envs are closed, and the next
+        chunk builds them anew."""
         done: list[dict[str, Any]] = []
         for chunk_id in range(req.chunk_id, req.chunk_id + req.chunks):
             state = self.runs.get(req.run_id)
             # A run first seen here is checked before its envs are built; a cached one's sync
             # check reads the stop key in its own round trip (collect_chunk gives None).
             if state is None and not self.client.exists(RunKeys(req.run_id).stop):
-                state = self._start_run(req)
+                try:
+                    state = self._start_run(req)
+                except EnvFault as fault:  # making or resetting the envs failed
+                    done.append(self._report_fault(req, chunk_id, fault))
+                    continue
                 self.runs.put(req.run_id, state)
             summary = (
                 None if state is None else collect_chunk(state, req, chunk_id, self.worker_name)
@@ -114,9 +128,25 @@ class WorkerRuntime:
             if summary is None:  # the sync check that saw the stop also sent the held XADD
                 self.runs.drop(req.run_id)
                 return {**merge_summaries(req, done), "skipped": "run stopped"}
+            if "env_error" in summary:
+                log.warning("chunk %d of %s: env fault in %s: %s; its envs are built anew",
+                            chunk_id, req.run_id, summary["env_error"]["kind"],
+                            summary["env_error"]["error"])  # fmt: skip
+                self.runs.drop(req.run_id)
             done.append(summary)
         self.outbox.flush()  # the last chunk's XADD
         return merge_summaries(req, done)
+
+    def _report_fault(self, req: ChunkRequest, chunk_id: int, fault: EnvFault) -> dict[str, Any]:
+        """A chunk that could not start (its envs failed to build or reset) goes to the learner
+        as a header alone, naming the fault: the learner counts it at once (no write-off)."""
+        log.warning("chunk %d of %s: env fault in %s: %s", chunk_id, req.run_id, fault.kind,
+                    fault.error)  # fmt: skip
+        header = {"run": req.run_id, "chunk": chunk_id, "worker": self.worker_name,
+                  "policy_version": -1, "env_steps": 0, "env_error": fault.report()}  # fmt: skip
+        StreamWriter(self.client, RunKeys(req.run_id), self.outbox).write(header, {})
+        return {"chunk": chunk_id, "worker": self.worker_name, "steps": 0, "transitions": 0,
+                "episodes_finished": 0, "bytes": 0, "env_error": fault.report()}  # fmt: skip
 
 
 def collect_chunk(
@@ -133,7 +163,7 @@ def collect_chunk(
         index, extra = req.behaviour.act(policy(obs), state.rng)
         return to_env(index), extra
 
-    chunk = state.actor.collect(act, req.steps)
+    chunk = state.actor.collect(act, req.steps, req.time_limit_s)
     state.weights.record_steps(chunk.env_steps)
     counters = state.weights.counters_json()
     header = {
@@ -147,17 +177,24 @@ def collect_chunk(
         "episodes": chunk.episodes,
         "sync": counters,
     }
-    nbytes = state.writer.write(header, chunk.arrays)
-    return {
+    transitions = len(chunk.arrays["action"])
+    if chunk.fault is not None:
+        header["env_error"] = chunk.fault.report()
+    # A chunk without a transition (its env failed on the first step) is a header alone.
+    nbytes = state.writer.write(header, chunk.arrays if transitions else {})
+    summary = {
         "chunk": chunk_id,
         "worker": worker_name,
         "steps": chunk.env_steps,
-        "transitions": int(len(chunk.arrays["action"])),
+        "transitions": transitions,
         "episodes_finished": len(chunk.episodes),
         "policy_version": state.weights.version,
         "bytes": nbytes,
         **counters,
     }
+    if chunk.fault is not None:
+        summary["env_error"] = chunk.fault.report()
+    return summary
 
 
 _SUMMED = ("steps", "transitions", "episodes_finished", "bytes")
@@ -168,5 +205,6 @@ def merge_summaries(req: ChunkRequest, done: list[dict[str, Any]]) -> dict[str, 
     counters; `chunks_done` of the `chunks` asked for."""
     merged: dict[str, Any] = dict(done[-1]) if done else {}
     merged.update({key: sum(d[key] for d in done) for key in _SUMMED})
-    merged.update(chunk=req.chunk_id, chunks=req.chunks, chunks_done=len(done))
+    merged.update(chunk=req.chunk_id, chunks=req.chunks, chunks_done=len(done),
+                  env_errors=sum("env_error" in d for d in done))  # fmt: skip
     return merged

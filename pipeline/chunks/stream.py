@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 import redis
 
-from clusterenv.pipeline.codec import ArraySpec, CodecError, decode_chunk, encode_chunk
+from clusterenv.pipeline.codec import (
+    ArraySpec,
+    CodecError,
+    decode_chunk,
+    decode_header,
+    encode_chunk,
+)
+from clusterenv.pipeline.envs.faults import FAULT_KINDS
 from clusterenv.pipeline.frames import FRAMES, NEXT_FRAMES, OBS_FRAMES, check_indexes
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.outbox import Outbox
@@ -65,6 +72,20 @@ def transition_specs(
     }
 
 
+def decode_entry(
+    fields: Mapping[bytes, bytes], specs: Mapping[str, ArraySpec]
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Header and arrays of one stream entry. An entry without arrays is a chunk that ended in an
+    env fault before its first transition: its header must say so (`env_error`); its arrays are
+    {} (not zero rows: nothing reaches replay)."""
+    header = decode_header(fields)
+    if header["arrays"]:
+        return decode_chunk(fields, specs)
+    if "env_error" not in header:
+        raise CodecError("an entry without arrays must carry 'env_error'")
+    return header, {}
+
+
 def check_content(
     header: dict[str, Any], arrays: dict[str, np.ndarray], run_id: str, action: ActionSpec
 ) -> None:
@@ -77,6 +98,8 @@ def check_content(
     if not isinstance(header.get("worker"), str):
         raise CodecError("header field 'worker' must be a string")
     _check_worker_report(header)
+    if not arrays:  # a fault report (decode_entry)
+        return
     problem = action.problem(arrays["action"])
     if problem is not None:
         raise CodecError(problem)
@@ -110,6 +133,14 @@ def _check_worker_report(header: dict[str, Any]) -> None:
         raise CodecError("header field 'sync' must map counter names to integers")
     if header.get("divergence") is not None and not _is_number(header["divergence"]):
         raise CodecError("header field 'divergence' must be a finite number or null")
+    fault = header.get("env_error")
+    if fault is not None and not (
+        isinstance(fault, dict) and fault.get("kind") in FAULT_KINDS
+        and isinstance(fault.get("error"), str)
+    ):  # fmt: skip
+        raise CodecError(
+            f"header field 'env_error' must be {{kind: one of {', '.join(FAULT_KINDS)}, error: string}}"
+        )
 
 
 class StreamReader:
@@ -198,7 +229,7 @@ class StreamReader:
 
     def _handle(self, entry_id: bytes, fields: dict[bytes, bytes], sink: Sink) -> int:
         try:
-            header, arrays = decode_chunk(fields, self.specs)
+            header, arrays = decode_entry(fields, self.specs)
             check_content(header, arrays, self.keys.run_id, self.action)
         except CodecError as exc:
             self.stats.rejected += 1
@@ -213,7 +244,7 @@ class StreamReader:
             return 0
         sink(header, arrays)
         self.seen.add(chunk_id)
-        rows = len(arrays["action"])
+        rows = len(arrays["action"]) if arrays else 0
         self.stats.chunks += 1
         self.stats.transitions += rows
         return rows

@@ -5,12 +5,15 @@ resume, all through the same Run that `clusterenv train` drives over Redis and C
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+
+import pytest
 
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.persistence.checkpoint import Checkpoints
 from clusterenv.learner.persistence.resume import Resumed
-from clusterenv.learner.run.loop import Run
+from clusterenv.learner.run.loop import Run, RunFailed
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK
 from clusterenv.pipeline.codec import decode_weights
 from clusterenv.pipeline.evaluation.request import EVALUATE_TASK
@@ -119,3 +122,45 @@ def test_a_resumed_run_continues_from_its_checkpoint_under_a_new_run_id(tmp_path
     assert min(second.weights.published) == first.weights.version + 1
     assert b.dispatcher.next_id == 24
     assert [s for s, _ in after.evals][: len(before.evals)] == [s for s, _ in before.evals]
+
+
+def test_an_env_that_fails_in_every_chunk_ends_the_run_with_one_line_naming_it(tmp_path):
+    cluster = FakeCluster()
+    cluster.send.env_error = {"kind": "reset", "error": "SimulatedCrash: boom"}
+    cfg = small()
+    cfg.collection.env_faults_in_a_row = 6
+    run = Run.create(cfg, cluster.factory, run_dir(tmp_path), "run-f")
+    with pytest.raises(RunFailed) as failed:
+        run.run()
+    # Every arrival of a turn is counted before the check: 6 or a few more.
+    found = re.fullmatch(r"env CartPole-v1 failed in (\d+) chunks in a row; the last: reset: "
+                         r"SimulatedCrash: boom", str(failed.value))  # fmt: skip
+    assert found and int(found[1]) >= 6, str(failed.value)
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    assert summary["failed"] == str(failed.value) and summary["env_steps"] == 0
+    assert summary["env_errors"]["reset"] >= 6 and summary["lost_chunks"] == 0
+    assert summary["ingest"]["rejected"] == 0 and summary["lag"]["lag_versions_max"] == 0
+
+
+def test_faults_between_good_chunks_are_counted_and_the_run_goes_on(tmp_path):
+    cluster = FakeCluster()
+    faults = iter([True, False, True, True, False] + [False] * 100)
+    send = cluster.send
+
+    def sometimes_failing(name: str, kwargs: dict) -> None:
+        if name == COLLECT_CHUNK_TASK:
+            send.env_error = {"kind": "step", "error": "E: x"} if next(faults) else None
+        send(name, kwargs)
+
+    cluster.send = sometimes_failing
+    cfg = small()
+    cfg.collection.env_faults_in_a_row = 3  # two in a row at most here: the run goes on
+    result = Run.create(cfg, cluster.factory, run_dir(tmp_path), "run-g").run()
+    assert result.env_steps == 16 * CHUNK
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["env_errors"] == {"make": 0, "reset": 0, "step": 3, "hang": 0}
+    assert summary["last_env_error"] == "step: E: x" and summary["failed"] is None
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert rows[-1]["pipeline/env_errors/step"] == 3

@@ -170,6 +170,7 @@ def test_merge_summaries_sums_a_tasks_chunks_and_keeps_the_last_counters():
     assert merged == {
         "chunk": 8, "chunks": 3, "chunks_done": 2, "worker": "w", "steps": 16, "transitions": 15,
         "episodes_finished": 1, "policy_version": 1, "bytes": 200, "version_checks": 2,
+        "env_errors": 0,
     }  # fmt: skip
     assert merge_summaries(req, [])["chunks_done"] == 0
 
