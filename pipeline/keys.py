@@ -85,6 +85,12 @@ class RunKeys:
         return f"{self.base}:eval-takers"
 
     @property
+    def chunk_takers(self) -> str:
+        """Hash chunk id → the registry name of the worker that received its collect_chunk task,
+        so the learner writes a dead worker's chunks off as soon as its heartbeat lapses."""
+        return f"{self.base}:chunk-takers"
+
+    @property
     def status(self) -> str:
         """JSON progress of the learner (steps, eval, version, state), refreshed every few seconds."""
         return f"{self.base}:status"

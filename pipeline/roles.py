@@ -157,6 +157,18 @@ class EvalResults(Protocol):
         ...
 
 
+class ChunkTakers(Protocol):
+    """Learner side of who took which chunk (workers note it as they receive a task)."""
+
+    def takers(self, chunk_ids: list[int]) -> dict[int, str]:
+        """The hostname that took each of `chunk_ids`; chunks nobody took yet are left out."""
+        ...
+
+    def forget(self, chunk_ids: list[int]) -> None:
+        """Drop the takers of `chunk_ids` (arrived, or written off)."""
+        ...
+
+
 class StatusBoard(Protocol):
     """Every run's JSON status, for operators (`clusterenv status`)."""
 

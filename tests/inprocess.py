@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,23 @@ class FakeWorkerDirectory:
 
     def is_alive(self, hostname: str) -> bool:
         return hostname in self.workers
+
+
+class FakeChunkTakers:
+    """ChunkTakers over a dict chunk id → hostname. Test side: `note`, as RedisChunkTakers'."""
+
+    def __init__(self) -> None:
+        self.taken: dict[int, str] = {}
+
+    def note(self, chunk_ids: Iterable[int], hostname: str) -> None:
+        self.taken.update(dict.fromkeys(chunk_ids, hostname))
+
+    def takers(self, chunk_ids: list[int]) -> dict[int, str]:
+        return {c: self.taken[c] for c in chunk_ids if c in self.taken}
+
+    def forget(self, chunk_ids: list[int]) -> None:
+        for c in chunk_ids:
+            self.taken.pop(c, None)
 
 
 class FakeEvalResults:
@@ -167,12 +184,18 @@ class ScriptedWorkers:
     """A SendTask that plays the workers in process, at once: each `clusterenv.collect_chunk`
     writes its chunks (random CartPole-shaped transitions acted with the newest version) into
     `transitions`; each `clusterenv.evaluate` part pushes `eval_return` for each of its seeds
-    into `evals`. `tasks` counts what was sent, by task name. With `env_error` set ({"kind",
-    "error"}), every chunk is what a worker whose env fails at once sends: a header alone."""
+    into `evals`. `tasks` counts what was sent, by task name; every chunk is noted taken by
+    "worker-0" in `takers`. With `env_error` set ({"kind", "error"}), every chunk is what a worker
+    whose env fails at once sends: a header alone. With `dying` set to (hostname, n), the next n
+    collect tasks are taken by that worker and never answered; then its heartbeat lapses (it is
+    withdrawn from `workers`)."""
 
     def __init__(self, transitions: FakeTransitions, evals: FakeEvalResults,
-                 weights: FakeWeightSource, eval_return: float = 10.0, seed: int = 0):  # fmt: skip
+                 weights: FakeWeightSource, takers: FakeChunkTakers, workers: FakeWorkerDirectory,
+                 eval_return: float = 10.0, seed: int = 0):  # fmt: skip
         self.transitions, self.evals, self.weights = transitions, evals, weights
+        self.takers, self.workers = takers, workers
+        self.dying: tuple[str, int] | None = None
         self.eval_return = eval_return
         self.env_error: dict[str, str] | None = None
         self.rng = np.random.default_rng(seed)
@@ -187,8 +210,19 @@ class ScriptedWorkers:
                 "returns": [self.eval_return] * len(kwargs["seeds"]), "worker": "worker-0",
             }))  # fmt: skip
             return
-        rows = kwargs["num_envs"] * kwargs["steps"]
-        for chunk in range(kwargs["chunk_id"], kwargs["chunk_id"] + kwargs["chunks"]):
+        rows, ids = (
+            kwargs["num_envs"] * kwargs["steps"],
+            range(kwargs["chunk_id"], kwargs["chunk_id"] + kwargs["chunks"]),
+        )
+        if self.dying is not None:
+            host, left = self.dying
+            self.takers.note(ids, host)
+            self.dying = (host, left - 1) if left > 1 else None
+            if self.dying is None:
+                self.workers.withdraw(host)
+            return
+        self.takers.note(ids, "worker-0")
+        for chunk in ids:
             if self.env_error is not None:
                 self.transitions.write({"run": kwargs["run_id"], "chunk": chunk,
                                         "worker": "worker-0", "policy_version": -1,
@@ -216,11 +250,14 @@ class FakeCluster:
         self.weights, self.transitions = FakeWeightSource(), FakeTransitions()
         self.evals, self.flags = FakeEvalResults(), FakeRunFlags()
         self.workers, self.status = FakeWorkerDirectory(processes), FakeStatusBoard()
-        self.send = ScriptedWorkers(self.transitions, self.evals, self.weights, eval_return)
+        self.takers = FakeChunkTakers()
+        self.send = ScriptedWorkers(self.transitions, self.evals, self.weights, self.takers,
+                                    self.workers, eval_return)  # fmt: skip
         self.stopped_runs: list[str] = []
 
     def factory(self, specs: Mapping[str, Any], num_actions: int) -> Any:
         from clusterenv.learner.run.wiring import Broker  # the learner extra: torch
 
-        return Broker(self.weights, self.transitions, self.send, self.workers, self.evals,
+        return Broker(self.weights, self.transitions, self.send, self.workers, self.takers,
+                      self.evals,
                       self.flags, self.status, self.stopped_runs.append)  # fmt: skip

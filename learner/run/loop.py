@@ -30,6 +30,7 @@ from clusterenv.learner.core.networks import network_arrays
 from clusterenv.learner.persistence.checkpoint import save_checkpoint
 from clusterenv.learner.persistence.components import LEARNER, gather, named_tensors, scatter
 from clusterenv.learner.persistence.resume import Resumed, record_run_id
+from clusterenv.learner.run.lost_workers import LostWorkers
 from clusterenv.learner.run.progress import Progress
 from clusterenv.learner.run.recovery import BrokerRecovery
 from clusterenv.learner.run.wiring import BrokerFactory, RunParts, wire
@@ -67,6 +68,7 @@ class Run(RunParts):
             self.broker.flags, self.dispatcher, self.evaluation,
             lambda: self.publish(new_reference=True), self.accounting,
         )  # fmt: skip
+        self.lost_workers = LostWorkers(self.broker.takers, self.broker.workers, self.dispatcher)
         self.wall_before, self.resumed = 0.0, resume  # wall seconds of the learners before
         if resume is not None:
             scatter(self.components(), resume.tensors, resume.state)
@@ -99,7 +101,9 @@ class Run(RunParts):
         """Note the chunks that arrived, then keep every live worker process busy."""
         for arrival in self.ingest.arrivals():
             self.dispatcher.arrived(arrival.header["chunk"])
+            self.lost_workers.arrived(arrival.header["chunk"])
             self.accounting.record(arrival)
+        self.lost_workers.check()  # a dead worker's chunks leave the quota at once
         pending = self.dispatcher.pending_env_steps
         self.dispatcher.top_up(
             self.agent.behaviour(self.accounting.env_steps + pending), self._may_send
@@ -247,6 +251,7 @@ class Run(RunParts):
             "solved": self.schedule.solved,
             "interrupted": interrupted,
             "failed": str(failure) if failure is not None else None,
+            "chunks_of_dead_workers": self.lost_workers.written_off,
             "target_return": self.schedule.target,
             "sync_rule": self.cfg.weights.sync,
             "algo": self.cfg.algo,

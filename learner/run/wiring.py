@@ -28,6 +28,7 @@ from clusterenv.learner.run.records import RunRecords
 from clusterenv.learner.run.status import RunStatus
 from clusterenv.pipeline.chunks.dispatcher import Dispatcher
 from clusterenv.pipeline.chunks.stream import StreamReader
+from clusterenv.pipeline.chunks.takers import RedisChunkTakers
 from clusterenv.pipeline.cluster.celery_client import celery_client
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.cluster.run_flags import RedisRunFlags
@@ -37,6 +38,7 @@ from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.evaluation.results import RedisEvalResults
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.roles import (
+    ChunkTakers,
     EvalResults,
     RunFlags,
     SendTask,
@@ -57,6 +59,7 @@ class Broker:
     transitions: TransitionReader  # the chunks the workers wrote
     send: SendTask  # a task to the workers (collection, evaluation)
     workers: WorkerDirectory  # who is alive
+    takers: ChunkTakers  # which worker took which chunk
     evals: EvalResults  # evaluation results coming back
     flags: RunFlags  # the run's marker and stop key
     status: StatusBoard  # progress for `clusterenv status`
@@ -85,6 +88,7 @@ def redis_broker(url: str, run_id: str, weights: WeightSyncConfig) -> BrokerFact
             transitions=StreamReader(connect(url, blocking=True), keys, spaces, extra),
             send=send,
             workers=WorkerRegistry(client),
+            takers=RedisChunkTakers(client, keys),
             evals=RedisEvalResults(client, keys),
             flags=RedisRunFlags(client, keys),
             status=RedisStatusBoard(client),

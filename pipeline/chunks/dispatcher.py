@@ -5,8 +5,9 @@ with its own stop and sync check and stream entry, so Celery's fixed cost per ta
 worker CPU) is paid once per task while staleness is still checked per chunk.
 
 Workers are counted from their heartbeat keys, so a `celery worker` started on a new VM mid-run
-gets chunks within a heartbeat. A chunk that has not arrived after `lost_after_s` is written off
-(its worker probably died; should it arrive after all, the ledger accepts it once).
+gets chunks within a heartbeat. A chunk whose worker's heartbeat lapsed is written off at once
+(learner/run/lost_workers.py); any other that has not arrived after `lost_after_s` is written off
+then (should it arrive after all, the ledger accepts it once).
 """
 
 from __future__ import annotations
@@ -96,10 +97,14 @@ class Dispatcher:
 
     def write_off_in_flight(self) -> int:
         """Count every chunk in flight as lost now (the broker lost its queue); how many."""
-        count = len(self.in_flight)
-        self.lost += count
-        self.in_flight.clear()
-        return count
+        return self.write_off(list(self.in_flight))
+
+    def write_off(self, chunk_ids: list[int]) -> int:
+        """Count these chunks, those of them still in flight, as lost now (their worker is
+        gone); how many were."""
+        gone = [c for c in chunk_ids if self.in_flight.pop(c, None) is not None]
+        self.lost += len(gone)
+        return len(gone)
 
     def arrived(self, chunk_id: int) -> None:
         if self.in_flight.pop(chunk_id, None) is None and chunk_id < self.next_id:

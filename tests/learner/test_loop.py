@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,20 @@ def test_faults_between_good_chunks_are_counted_and_the_run_goes_on(tmp_path):
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     ]
     assert rows[-1]["pipeline/env_errors/step"] == 3
+
+
+def test_a_dead_workers_chunks_are_replaced_when_its_heartbeat_lapses(tmp_path):
+    cluster = FakeCluster(processes=2)
+    cluster.workers.announce("worker-1", 2)  # two workers of two processes: 8 tasks in flight
+    cluster.send.dying = ("worker-1", 3)  # it takes 3 tasks, answers none, and its beat lapses
+    cfg = small()
+    assert cfg.dispatch.lost_after_s == 30.0
+    t0 = time.monotonic()
+    result = Run.create(cfg, cluster.factory, run_dir(tmp_path), "run-d").run()
+    # Written off as its heartbeat lapsed, not after --lost-after-s (30 s), and replaced.
+    assert time.monotonic() - t0 < 20.0
+    assert result.env_steps == 16 * CHUNK
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["lost_chunks"] == 3 and summary["chunks_of_dead_workers"] == 3
+    assert summary["accepted_chunk_ids"] == [[3, 18]]  # 0-2 died with worker-1
+    assert not cluster.takers.taken or set(cluster.takers.taken.values()) == {"worker-0"}

@@ -14,6 +14,7 @@ import redis
 from kombu.exceptions import OperationalError
 
 from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter
+from clusterenv.pipeline.chunks.takers import RedisChunkTakers
 from clusterenv.pipeline.cluster.registry import WorkerRegistry
 from clusterenv.pipeline.cluster.run_flags import RedisRunFlags
 from clusterenv.pipeline.cluster.status_board import RedisStatusBoard
@@ -22,6 +23,7 @@ from clusterenv.pipeline.evaluation.results import RedisEvalResults
 from clusterenv.pipeline.keys import RUN_KEYS_TTL_S, RunKeys
 from tests.fakes import CARTPOLE, url_of
 from tests.inprocess import (
+    FakeChunkTakers,
     FakeEvalResults,
     FakeRunFlags,
     FakeStatusBoard,
@@ -177,6 +179,33 @@ def test_eval_results_twins_agree(side, request, run_id):
         ["w2"],
         [],
     ]
+
+
+# --- Chunk takers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_chunk_takers_twins_agree(side, request, run_id):
+    # What a worker notes as a task arrives (tasks/collect.py) and what the learner reads.
+    takers = (
+        FakeChunkTakers() if side == "fake" else RedisChunkTakers(server(request), RunKeys(run_id))
+    )
+    seen: list[Any] = [takers.takers([0, 1]), takers.takers([])]
+    takers.note(range(0, 4), "w1")
+    takers.note([4], "w2")
+    takers.note([2], "w3")  # a task requeued to another worker: the newest taker
+    seen.append(takers.takers([5, 4, 3, 2, 1, 0]))
+    takers.forget([0, 1, 9])
+    takers.forget([])
+    seen.append(takers.takers(list(range(6))))
+    assert seen == [
+        {},
+        {},
+        {4: "w2", 3: "w1", 2: "w3", 1: "w1", 0: "w1"},
+        {2: "w3", 3: "w1", 4: "w2"},
+    ]
+    if side == "redis":  # the hash goes with the run's other keys
+        assert 0 < server(request).ttl(RunKeys(run_id).chunk_takers) <= RUN_KEYS_TTL_S
 
 
 # --- Status board ------------------------------------------------------------------------------

@@ -1,0 +1,97 @@
+"""Workers that die mid-run cost the survivors nothing (issue 31, item 2): three solo workers on an
+env that sleeps 4 ms a step, two SIGKILLed; the survivor's log shows no gap of more than a second
+between one chunk task and the next, and the dead workers' chunks were written off as their
+heartbeats lapsed (not after --lost-after-s)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from bench.envs import SLOW_CARTPOLE
+from tests.e2e.cli_runs import Tree, assert_no_survivors, only_run_dir, start_cli
+
+# A worker's log line for a finished chunk task: when, how long it ran, its JSON summary.
+FINISHED = re.compile(
+    r"^\[(\S+ \S+): INFO/MainProcess\] Task clusterenv\.collect_chunk\[[^\]]+\] succeeded in "
+    r"([0-9.eE+-]+)s: (\{.*\})$",
+    re.M,
+)
+
+
+def finished_tasks(log: Path) -> list[tuple[float, float, str]]:
+    """(end as a POSIX time, runtime s, worker name) of every chunk task the log shows."""
+    out = []
+    for stamp, runtime, summary in FINISHED.findall(log.read_text(errors="replace")):
+        end = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        out.append((end, float(runtime), json.loads(summary).get("worker", "")))
+    return out
+
+
+def worker_pgids(tree: Tree) -> dict[str, int]:
+    """Local collecting workers by hostname prefix ("local0-…") → their process group."""
+    found = {}
+    for proc in tree.seen.values():
+        try:
+            cmd = proc.cmdline()
+        except Exception:  # gone meanwhile
+            continue
+        if "--hostname" in cmd:
+            name = cmd[cmd.index("--hostname") + 1]
+            if name.startswith("local"):
+                found[name.split("-")[0]] = os.getpgid(proc.pid)
+    return found
+
+
+@pytest.mark.slow
+def test_two_of_three_workers_killed_leave_the_survivor_no_idle_second(tmp_path):
+    mark = uuid.uuid4().hex
+    proc = start_cli(["train", "--env", SLOW_CARTPOLE, "--env-kwargs", '{"delay_s": 0.004}',
+                      "--workers", "3", "--total-steps", "1000000", "--target-return", "1e9",
+                      "--eval-every", "1000000", "--run-dir", str(tmp_path)], mark)  # fmt: skip
+    tree = Tree(proc)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # until all three workers have finished chunks
+            assert proc.poll() is None and time.monotonic() < deadline, "workers did not start"
+            tree.look()
+            logs = list(tmp_path.glob("*/workers.log"))
+            if logs and len({w.split("@")[0] for _, _, w in finished_tasks(logs[0])}) >= 3:
+                break
+            time.sleep(0.2)
+        time.sleep(2.0)
+        groups = worker_pgids(tree)
+        assert set(groups) == {"local0", "local1", "local2"}, groups
+        killed_at = time.time()
+        for name in ("local1", "local2"):
+            os.killpg(groups[name], signal.SIGKILL)
+        time.sleep(14.0)  # past the heartbeats' 6 s TTL and well on
+        assert proc.poll() is None
+        stopped_at = time.time()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # the run ends with its summary
+        err = proc.communicate(timeout=60)[1]
+    # The survivor's tasks as (start, end) intervals, start = end - runtime; idle is every gap
+    # between them up to the moment the watch ended, a trailing one included (a survivor left
+    # without work sits idle to the end: no later task would show that gap).
+    survivor = sorted((end - runtime, end) for end, runtime, w in finished_tasks(logs[0])
+                      if w.startswith("local0-") and end > killed_at)  # fmt: skip
+    assert len(survivor) >= 8, survivor
+    idle = [b_start - a_end for (_, a_end), (b_start, _) in itertools.pairwise(survivor)
+            if b_start < stopped_at]  # fmt: skip
+    idle.append(max(0.0, stopped_at - max(end for _, end in survivor)))
+    assert max(idle) <= 1.0, f"the survivor sat idle {max(idle):.2f} s after the kill"
+    summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["chunks_of_dead_workers"] >= 2, (summary["chunks_of_dead_workers"], err)
+    assert summary["chunks_of_dead_workers"] == summary["lost_chunks"]
+    assert_no_survivors(mark, tree)
