@@ -1,7 +1,7 @@
 """A dead worker costs the survivors nothing: its chunks leave the dispatch quota as soon as its
 heartbeat lapses, not after --lost-after-s.
 
-Workers note each chunk they receive (pipeline/chunks/takers.py). While a dead worker's heartbeat
+Workers note each chunk they take (pipeline/chunks/takers.py). While a dead worker's heartbeat
 is still alive the live worker count includes it, so the dispatcher keeps the same number of
 tasks in flight and every survivor that returns a chunk gets another. When the count drops, the
 chunks in flight that a worker no longer alive took are written off at once, and dispatch sends

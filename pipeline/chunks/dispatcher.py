@@ -89,7 +89,7 @@ class Dispatcher:
                 chunk_id=self.next_id, chunks=per_task, behaviour=behaviour, **self.template
             )
             self.send(COLLECT_CHUNK_TASK, req.to_json())
-            for chunk_id in range(self.next_id, self.next_id + per_task):
+            for chunk_id in req.chunk_ids():
                 self.in_flight[chunk_id] = now
             self.next_id += per_task
             sent += per_task

@@ -36,6 +36,10 @@ class ChunkRequest(TaskArgs):
     chunks: int = 1
     time_limit_s: float = 0.0  # a chunk running longer is cut off as a hung env (0: no limit)
 
+    def chunk_ids(self) -> range:
+        """The ids of the chunks this task collects."""
+        return range(self.chunk_id, self.chunk_id + self.chunks)
+
     def check(self) -> None:
         if self.num_envs < 1 or self.steps < 1:
             raise TaskArgsError(

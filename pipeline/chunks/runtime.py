@@ -13,6 +13,7 @@ import redis
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.chunks.stream import StreamWriter
+from clusterenv.pipeline.chunks.takers import RedisChunkTakers
 from clusterenv.pipeline.envs.faults import EnvFault
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.outbox import Outbox
@@ -83,6 +84,8 @@ class WorkerRuntime:
     def __init__(self, client: redis.Redis, worker_name: str, max_cached_runs: int = 2):
         self.client = client
         self.worker_name = worker_name
+        # The name in the worker registry (worker names are "hostname:pid", tasks/collect.py).
+        self.hostname = worker_name.rpartition(":")[0] or worker_name
         self.runs = RunCache(max_cached_runs)
         # A chunk's XADD rides with the next chunk's sync check; each task flushes the last one.
         self.outbox = Outbox(client)
@@ -111,7 +114,11 @@ class WorkerRuntime:
         before the fault and the fault in its header, the run's envs are closed, and the next
         chunk builds them anew."""
         done: list[dict[str, Any]] = []
-        for chunk_id in range(req.chunk_id, req.chunk_id + req.chunks):
+        # This worker took the task's chunks: noted with the first sync check's round trip, so
+        # the learner writes them off at once should this worker die (pipeline/chunks/takers.py).
+        takers, chunk_ids = RedisChunkTakers(self.client, RunKeys(req.run_id)), req.chunk_ids()
+        self.outbox.hold(lambda pipe: takers.note(chunk_ids, self.hostname, pipe))
+        for chunk_id in chunk_ids:
             state = self.runs.get(req.run_id)
             # A run first seen here is checked before its envs are built; a cached one's sync
             # check reads the stop key in its own round trip (collect_chunk gives None).

@@ -1,15 +1,17 @@
 """Who took which chunk. A worker notes the chunk ids of a `collect_chunk` task against its
-registry name the moment it receives the task (tasks/collect.py: Celery's `task_received`, so a
-prefetched task counts too); when that worker's heartbeat lapses, the learner writes those chunks
-off at once (learner/run/lost_workers.py) instead of after --lost-after-s, and their share of the
-dispatch quota goes to the workers still alive. A task is delivered at most once (celeryconfig):
-nobody else would ever run it."""
+registry name as the task starts, in the round trip of its first sync check (pipeline/chunks/
+runtime.py: no round trip of its own); when that worker's heartbeat lapses, the learner writes
+those chunks off at once (learner/run/lost_workers.py) instead of after --lost-after-s, and their
+share of the dispatch quota goes to the workers still alive. A task is delivered at most once
+(celeryconfig), and with acks late and a prefetch multiplier of 1 a worker holds no task it has
+not started: a dead worker's tasks are the ones it noted."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 import redis
+from redis.client import Pipeline
 
 from clusterenv.pipeline.keys import RUN_KEYS_TTL_S, RunKeys
 
@@ -21,11 +23,14 @@ class RedisChunkTakers:
     def __init__(self, client: redis.Redis, keys: RunKeys):
         self.client, self.keys = client, keys
 
-    def note(self, chunk_ids: Iterable[int], hostname: str) -> None:
-        pipe = self.client.pipeline(transaction=False)
+    def note(self, chunk_ids: Iterable[int], hostname: str, pipe: Pipeline | None = None) -> None:
+        """`hostname` took `chunk_ids`; on `pipe` (sent with its other commands) if given."""
+        own = pipe is None
+        pipe = self.client.pipeline(transaction=False) if pipe is None else pipe
         pipe.hset(self.keys.chunk_takers, mapping=dict.fromkeys(chunk_ids, hostname))
         pipe.expire(self.keys.chunk_takers, RUN_KEYS_TTL_S)
-        pipe.execute()
+        if own:
+            pipe.execute()
 
     def takers(self, chunk_ids: list[int]) -> dict[int, str]:
         if not chunk_ids:  # HMGET needs at least one field

@@ -15,6 +15,7 @@ from clusterenv.pipeline.chunks.actor import Actor, env_seeds
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.runtime import WorkerRuntime
 from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter
+from clusterenv.pipeline.chunks.takers import RedisChunkTakers
 from clusterenv.pipeline.codec import encode_chunk
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
@@ -322,3 +323,14 @@ def test_a_tasks_chunks_are_stored_when_it_returns_at_one_round_trip_each(
     monkeypatch.undo()
     assert summary["chunks_done"] == 4 and client.xlen(keys.stream) == 5
     assert len(sends) == 4 + 1, f"{len(sends)} round trips for a task of 4 chunks"
+
+
+def test_a_task_notes_its_worker_as_the_taker_of_its_chunks_in_its_first_round_trip(client, run_id):
+    keys = RunKeys(run_id)
+    RedisWeightSource(client, keys).publish(POLICY)
+    runtime = WorkerRuntime(client, "w-3@host:4242")  # a worker's name: registry name, pid
+    req = ChunkRequest(run_id, 5, "CartPole-v1", 2, 5, seed=5, behaviour=EpsilonGreedy(0.0),
+                       chunks=3)  # fmt: skip
+    assert runtime.run_chunk(req)["chunks_done"] == 3
+    taken = RedisChunkTakers(client, keys).takers([4, 5, 6, 7, 8])
+    assert taken == {5: "w-3@host", 6: "w-3@host", 7: "w-3@host"}
