@@ -1,12 +1,14 @@
-"""The Celery app: clusterenv's settings (`celeryconfig` and what follows from them), plus a
-heartbeat so the learner sees live workers."""
+"""The Celery app: clusterenv's settings (`celeryconfig` and what follows from them), a heartbeat
+so the learner sees live workers, and what a worker does on SIGTERM (a spot VM's notice)."""
 
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from celery import Celery, bootsteps
+from celery.signals import worker_shutting_down
 
 from clusterenv.pipeline.cluster.celery_client import configure
 from clusterenv.pipeline.cluster.heartbeat import Heartbeat
@@ -36,6 +38,14 @@ class JsonResult:
         return json.dumps(self.summary, default=str)
 
 
+# Set when this worker begins to shut down (SIGTERM, SIGINT): the chunk in progress ends at its
+# next step and is sent with what it has, and the task's later chunks are not collected
+# (pipeline/chunks/runtime.py). In a prefork worker only the main process sees it: its children
+# finish their chunks.
+shutting_down = threading.Event()
+_heartbeats: dict[str, WorkerHeartbeat] = {}  # this process's heartbeat step, by worker hostname
+
+
 class WorkerHeartbeat(bootsteps.StartStopStep):
     """Announces this worker and its process count in the registry while it runs."""
 
@@ -43,6 +53,7 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
         super().__init__(worker, **kwargs)
         self.registry: WorkerRegistry | None = None
         self.beat: Heartbeat | None = None
+        self._lock = threading.RLock()  # the signal handler may run inside a leave() of its thread
 
     def start(self, worker):
         conf = worker.app.conf
@@ -56,12 +67,33 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
             worker.hostname, processes, conf.clusterenv_heartbeat_every_s,
             conf.clusterenv_heartbeat_ttl_s, eval_only,
         )  # fmt: skip
+        _heartbeats[worker.hostname] = self
+
+    def leave(self, hostname: str) -> None:
+        """Stop announcing, then withdraw the key (in that order: a beat in flight must not
+        announce the worker again after the withdrawal); once."""
+        with self._lock:
+            beat, self.beat = self.beat, None
+            if beat is None:
+                return
+            beat.stop()
+            if self.registry is not None:
+                self.registry.withdraw(hostname)
 
     def stop(self, worker):
-        if self.beat is not None:
-            self.beat.stop()
-        if self.registry is not None:
-            self.registry.withdraw(worker.hostname)
+        self.leave(worker.hostname)
 
 
 app.steps["worker"].add(WorkerHeartbeat)
+
+
+@worker_shutting_down.connect
+def leave_at_once(sender: str | None = None, **_: Any) -> None:
+    """A warm shutdown began (SIGTERM: a spot VM's notice, or SIGINT): leave the registry now,
+    not when the task in progress is done, so the learner stops counting this worker and
+    replaces at once what it will not finish (learner/run/lost_workers.py); the chunk in progress
+    ends at its next step and is sent with what it has."""
+    shutting_down.set()
+    step = _heartbeats.get(sender or "")
+    if step is not None:
+        step.leave(sender)

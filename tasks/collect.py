@@ -8,7 +8,7 @@ from typing import Any
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.runtime import WorkerRuntime
 from clusterenv.pipeline.connect import connect
-from clusterenv.tasks.app import JsonResult, app
+from clusterenv.tasks.app import JsonResult, app, shutting_down
 
 _runtime: WorkerRuntime | None = None
 
@@ -18,9 +18,8 @@ def runtime(hostname: str) -> WorkerRuntime:
     global _runtime
     if _runtime is None:
         name = f"{hostname}:{os.getpid()}"
-        _runtime = WorkerRuntime(
-            connect(app.conf.broker_url), name, app.conf.clusterenv_max_cached_runs
-        )
+        _runtime = WorkerRuntime(connect(app.conf.broker_url), name,
+                                 app.conf.clusterenv_max_cached_runs, shutting_down.is_set)  # fmt: skip
     return _runtime
 
 

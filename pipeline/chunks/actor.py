@@ -73,6 +73,7 @@ class Chunk:
     episodes: list[tuple[float, int]] = field(default_factory=list)
     env_steps: int = 0
     fault: EnvFault | None = None  # the env failed: the chunk holds the steps before it
+    preempted: bool = False  # the worker is shutting down: the chunk ended early, whole
 
 
 class Actor:
@@ -90,10 +91,18 @@ class Actor:
         self._ep_return = np.zeros(self.num_envs, dtype=np.float64)
         self._ep_length = np.zeros(self.num_envs, dtype=np.int64)
 
-    def collect(self, act: Act, steps: int, time_limit_s: float = 0.0) -> Chunk:
-        """`steps` steps of every env. If an env raises (EnvFault) or the chunk runs past
-        `time_limit_s` (0: no limit), the chunk ends there with the steps completed before it
-        and the fault; the envs are then in no known state and this actor must be closed."""
+    def collect(
+        self,
+        act: Act,
+        steps: int,
+        time_limit_s: float = 0.0,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> Chunk:
+        """`steps` steps of every env, or fewer once `stop()` says so (looked at before each
+        step: the chunk is then `preempted`, its steps whole). If an env raises (EnvFault) or the
+        chunk runs past `time_limit_s` (0: no limit), the chunk ends there with the steps
+        completed before it and the fault; the envs are then in no known state and this actor
+        must be closed."""
         n, obs_spec, act_spec = self.num_envs, self.spaces.obs, self.spaces.action.array
         # Whole observations, or (stacked frames) the indexes of their frames in `frames`.
         encoder = FrameEncoder(self.obs) if self.spaces.stack else None
@@ -107,10 +116,13 @@ class Actor:
         valid = np.empty((steps, n), dtype=bool)
         extra_bufs: dict[str, np.ndarray] = {}
         episodes: list[tuple[float, int]] = []
-        obs, kept, kept_episodes, fault = self.obs, 0, 0, None
+        obs, kept, kept_episodes, fault, preempted = self.obs, 0, 0, None, False
         with time_limit(time_limit_s):
             try:
                 for t in range(steps):
+                    if stop():
+                        preempted = True
+                        break
                     actions, extra = act(obs)
                     for name, values in extra.items():
                         if name not in extra_bufs:
@@ -163,7 +175,7 @@ class Actor:
         if encoder is not None:
             frame = self.spaces.frame
             arrays[FRAMES] = encoder.array(frame.row_shape, np.dtype(frame.dtype))
-        return Chunk(arrays=arrays, episodes=episodes, env_steps=kept * n, fault=fault)
+        return Chunk(arrays, episodes, kept * n, fault, preempted)
 
     def close(self) -> None:
         self.envs.close()

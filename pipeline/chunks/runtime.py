@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,9 +82,18 @@ class RunCache:
 class WorkerRuntime:
     """Per-process cache of runs; `run_chunk` is all a task calls."""
 
-    def __init__(self, client: redis.Redis, worker_name: str, max_cached_runs: int = 2):
+    def __init__(
+        self,
+        client: redis.Redis,
+        worker_name: str,
+        max_cached_runs: int = 2,
+        stopping: Callable[[], bool] = lambda: False,
+    ):
+        """`stopping()`: the worker is shutting down (tasks/app.py): the chunk in progress ends
+        at its next step and is sent with what it has; no further chunk of the task starts."""
         self.client = client
         self.worker_name = worker_name
+        self.stopping = stopping
         # The name in the worker registry (worker names are "hostname:pid", tasks/collect.py).
         self.hostname = worker_name.rpartition(":")[0] or worker_name
         self.runs = RunCache(max_cached_runs)
@@ -119,6 +129,8 @@ class WorkerRuntime:
         takers, chunk_ids = RedisChunkTakers(self.client, RunKeys(req.run_id)), req.chunk_ids()
         self.outbox.hold(lambda pipe: takers.note(chunk_ids, self.hostname, pipe))
         for chunk_id in chunk_ids:
+            if self.stopping():  # a preempted worker: the learner replaces the rest
+                break
             state = self.runs.get(req.run_id)
             # A run first seen here is checked before its envs are built; a cached one's sync
             # check reads the stop key in its own round trip (collect_chunk gives None).
@@ -130,7 +142,9 @@ class WorkerRuntime:
                     continue
                 self.runs.put(req.run_id, state)
             summary = (
-                None if state is None else collect_chunk(state, req, chunk_id, self.worker_name)
+                None
+                if state is None
+                else collect_chunk(state, req, chunk_id, self.worker_name, self.stopping)
             )
             if summary is None:  # the sync check that saw the stop also sent the held XADD
                 self.runs.drop(req.run_id)
@@ -157,7 +171,11 @@ class WorkerRuntime:
 
 
 def collect_chunk(
-    state: RunState, req: ChunkRequest, chunk_id: int, worker_name: str
+    state: RunState,
+    req: ChunkRequest,
+    chunk_id: int,
+    worker_name: str,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any] | None:
     """One chunk with a run's live state: sync check (which also sees a stopped run: None),
     act as the request's behaviour says, write; its summary."""
@@ -170,7 +188,7 @@ def collect_chunk(
         index, extra = req.behaviour.act(policy(obs), state.rng)
         return to_env(index), extra
 
-    chunk = state.actor.collect(act, req.steps, req.time_limit_s)
+    chunk = state.actor.collect(act, req.steps, req.time_limit_s, stopping)
     state.weights.record_steps(chunk.env_steps)
     counters = state.weights.counters_json()
     header = {
@@ -187,6 +205,8 @@ def collect_chunk(
     transitions = len(chunk.arrays["action"])
     if chunk.fault is not None:
         header["env_error"] = chunk.fault.report()
+    if chunk.preempted:
+        header["preempted"] = True
     # A chunk without a transition (its env failed on the first step) is a header alone.
     nbytes = state.writer.write(header, chunk.arrays if transitions else {})
     summary = {
@@ -201,6 +221,8 @@ def collect_chunk(
     }
     if chunk.fault is not None:
         summary["env_error"] = chunk.fault.report()
+    if chunk.preempted:
+        summary["preempted"] = True
     return summary
 
 

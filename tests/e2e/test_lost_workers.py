@@ -1,7 +1,8 @@
-"""Workers that die mid-run cost the survivors nothing (issue 31, item 2): three solo workers on an
-env that sleeps 4 ms a step, two SIGKILLed; the survivor's log shows no gap of more than a second
+"""Workers that die or are preempted mid-run (issue 31, items 2 and 3). Three solo workers on an
+env that sleeps 4 ms a step, two SIGKILLed: the survivor's log shows no gap of more than a second
 between one chunk task and the next, and the dead workers' chunks were written off as their
-heartbeats lapsed (not after --lost-after-s)."""
+heartbeats lapsed (not after --lost-after-s). A worker sent SIGTERM (a spot VM's notice) leaves
+the registry at once and hands back the chunk in progress cut short."""
 
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench.envs import SLOW_CARTPOLE
+from clusterenv.pipeline.connect import connect
+from clusterenv.pipeline.keys import worker_heartbeat
 from tests.e2e.cli_runs import Tree, assert_no_survivors, only_run_dir, start_cli
 
 # A worker's log line for a finished chunk task: when, how long it ran, its JSON summary.
@@ -94,4 +98,57 @@ def test_two_of_three_workers_killed_leave_the_survivor_no_idle_second(tmp_path)
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
     assert summary["chunks_of_dead_workers"] >= 2, (summary["chunks_of_dead_workers"], err)
     assert summary["chunks_of_dead_workers"] == summary["lost_chunks"]
+    assert_no_survivors(mark, tree)
+
+
+@pytest.mark.slow
+def test_a_sigtermed_worker_leaves_at_once_and_hands_back_its_chunk_cut_short(tmp_path):
+    # Chunks of 8 x 128 steps at 4 ms a step: ~4 s each, so the SIGTERM lands mid-chunk.
+    mark = uuid.uuid4().hex
+    proc = start_cli(["train", "--env", SLOW_CARTPOLE, "--env-kwargs", '{"delay_s": 0.004}',
+                      "--workers", "2", "--chunk-steps", "128", "--total-steps", "1000000",
+                      "--target-return", "1e9", "--eval-every", "1000000",
+                      "--run-dir", str(tmp_path)], mark)  # fmt: skip
+    tree = Tree(proc)
+    try:
+        client = connect(re.search(r"broker (\S+),", proc.stderr.readline())[1])
+        deadline = time.monotonic() + 120
+        while True:  # until both workers have finished a chunk
+            assert proc.poll() is None and time.monotonic() < deadline, "workers did not start"
+            tree.look()
+            logs = list(tmp_path.glob("*/workers.log"))
+            names = {w for _, _, w in finished_tasks(logs[0])} if logs else set()
+            if len({w.split("-")[0] for w in names}) >= 2:
+                break
+            time.sleep(0.2)
+        time.sleep(1.5)  # into the next chunk
+        pid = worker_pgids(tree)["local1"]  # its own session: the group's leader is the worker
+        host = next(w for w in names if w.startswith("local1-")).rpartition(":")[0]
+        sent_at = time.time()
+        os.kill(pid, signal.SIGTERM)  # a spot VM's notice
+        while client.exists(worker_heartbeat(host)):
+            assert time.time() - sent_at < 5.0, "the worker never left the registry"
+            time.sleep(0.01)
+        left_at = time.time()
+        worker = psutil.Process(pid)
+        while worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE:  # the CLI reaps it
+            assert time.time() - sent_at < 30.0, "the worker did not exit"
+            time.sleep(0.01)
+        exited_at = time.time()
+        time.sleep(4.0)
+        assert proc.poll() is None
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1]
+    print(
+        f"SIGTERM -> left the registry {left_at - sent_at:.3f} s, -> exited "
+        f"{exited_at - sent_at:.3f} s"
+    )  # the figures docs/reliability.md quotes
+    assert left_at - sent_at <= 1.0 and exited_at - sent_at <= 2.0
+    with_summary = [json.loads(m[2]) for m in FINISHED.findall(logs[0].read_text())]
+    last = [s for s in with_summary if s["worker"].startswith(host)][-1]
+    assert last.get("preempted") and 0 < last["steps"] < 8 * 128, last
+    summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["ingest"]["rejected"] == 0, err
     assert_no_survivors(mark, tree)

@@ -334,3 +334,17 @@ def test_a_task_notes_its_worker_as_the_taker_of_its_chunks_in_its_first_round_t
     assert runtime.run_chunk(req)["chunks_done"] == 3
     taken = RedisChunkTakers(client, keys).takers([4, 5, 6, 7, 8])
     assert taken == {5: "w-3@host", 6: "w-3@host", 7: "w-3@host"}
+
+
+def test_a_worker_that_is_shutting_down_cuts_its_chunk_and_starts_no_other(client, run_id):
+    keys = RunKeys(run_id)
+    RedisWeightSource(client, keys).publish(POLICY)
+    looks = iter(range(1000))
+    # Shutting down from the 5th look on: the task's loop looks once, the actor before each step.
+    runtime = WorkerRuntime(client, "w:1", stopping=lambda: next(looks) >= 4)
+    req = ChunkRequest(run_id, 0, "CartPole-v1", 2, 10, seed=5, behaviour=EpsilonGreedy(0.0),
+                       chunks=3)  # fmt: skip
+    summary = runtime.run_chunk(req)
+    assert summary["chunks_done"] == 1 and summary["preempted"] and summary["steps"] == 2 * 3
+    entries = client.xrange(keys.stream)
+    assert len(entries) == 1 and b'"preempted":true' in entries[0][1][b"header"]

@@ -137,3 +137,13 @@ def test_a_flaky_env_at_rate_one_fails_where_its_rates_say():
     envs = make_vector_env(FLAKY_CARTPOLE, {"step_crash_p": 1.0}, 2, training=True)
     chunk = Actor(envs, seeds=[0, 1]).collect(lambda obs: (np.zeros(len(obs), np.int64), {}), 4)
     assert chunk.fault is not None and chunk.fault.kind == "step" and chunk.env_steps == 0
+
+
+def test_a_stop_between_steps_ends_the_chunk_whole_and_preempted():
+    calls = iter(range(100))
+    actor = Actor(vector(Countdown(10), Countdown(10)), seeds=[0, 1])
+    chunk = actor.collect(act_by_parity, steps=8, stop=lambda: next(calls) >= 3)
+    assert chunk.preempted and chunk.fault is None
+    assert chunk.env_steps == 2 * 3 and by_env(chunk.arrays, "obs", 1) == [[0.0], [1.0], [2.0]]
+    # The actor is whole: the next chunk goes on from step 3.
+    assert by_env(actor.collect(act_by_parity, steps=2).arrays, "obs", 0) == [[3.0], [4.0]]
