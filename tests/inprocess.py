@@ -188,7 +188,8 @@ class ScriptedWorkers:
     "worker-0" in `takers`. With `env_error` set ({"kind", "error"}), every chunk is what a worker
     whose env fails at once sends: a header alone. With `dying` set to (hostname, n), the next n
     collect tasks are taken by that worker and never answered; then its heartbeat lapses (it is
-    withdrawn from `workers`)."""
+    withdrawn from `workers`). With `silent_evals`, evaluation parts are taken and never answered
+    (a worker stuck where nothing cuts it off)."""
 
     def __init__(self, transitions: FakeTransitions, evals: FakeEvalResults,
                  weights: FakeWeightSource, takers: FakeChunkTakers, workers: FakeWorkerDirectory,
@@ -198,6 +199,7 @@ class ScriptedWorkers:
         self.dying: tuple[str, int] | None = None
         self.eval_return = eval_return
         self.env_error: dict[str, str] | None = None
+        self.silent_evals = False
         self.rng = np.random.default_rng(seed)
         self.tasks: dict[str, int] = {}
 
@@ -205,6 +207,8 @@ class ScriptedWorkers:
         self.tasks[name] = self.tasks.get(name, 0) + 1
         if name == "clusterenv.evaluate":
             self.evals.take(f"{kwargs['eval_id']}:{kwargs['part']}", "worker-0")
+            if self.silent_evals:
+                return
             self.evals.push(json.dumps({
                 "eval": kwargs["eval_id"], "part": kwargs["part"], "version": kwargs["version"],
                 "returns": [self.eval_return] * len(kwargs["seeds"]), "worker": "worker-0",

@@ -182,3 +182,14 @@ def test_a_dead_workers_chunks_are_replaced_when_its_heartbeat_lapses(tmp_path):
     assert summary["lost_chunks"] == 3 and summary["chunks_of_dead_workers"] == 3
     assert summary["accepted_chunk_ids"] == [[3, 18]]  # 0-2 died with worker-1
     assert not cluster.takers.taken or set(cluster.takers.taken.values()) == {"worker-0"}
+
+
+def test_an_evaluation_nobody_answers_is_given_up_at_its_timeout(tmp_path, caplog):
+    cluster = FakeCluster()
+    cluster.send.silent_evals = True  # its worker lives on, stuck where nothing cuts it off
+    cfg = small()
+    cfg.evaluation.eval_timeout_s = 0.3
+    result = Run.create(cfg, cluster.factory, run_dir(tmp_path), "run-t").run()
+    assert result.env_steps == 16 * CHUNK and result.evals == []
+    assert "s; given up" in caplog.text
+    assert cluster.send.tasks[EVALUATE_TASK] >= 2  # asked again at the next --eval-every
