@@ -106,6 +106,14 @@ def decode_chunk(
     """Header and arrays of one entry; every array must match `expected`, and the arrays of one
     row group share one row count."""
     header = decode_header(fields)
+    return header, decode_arrays(fields, header, expected)
+
+
+def decode_arrays(
+    fields: Mapping[bytes, bytes], header: Mapping[str, Any], expected: Mapping[str, ArraySpec]
+) -> dict[str, np.ndarray]:
+    """The arrays of an entry whose header (`decode_header`) is already read: decode_chunk's
+    checks, without parsing the header again."""
     described = header["arrays"]
     missing = sorted(set(expected) - set(described))
     if missing:
@@ -134,7 +142,7 @@ def decode_chunk(
         if len(raw) != want:
             raise CodecError(f"array {name!r}: {len(raw)} bytes, header promises {want}")
         arrays[name] = np.frombuffer(raw, dtype=np_dtype).reshape(shape)
-    return header, arrays
+    return arrays
 
 
 def encode_weights(

@@ -19,7 +19,7 @@ import redis
 from clusterenv.pipeline.codec import (
     ArraySpec,
     CodecError,
-    decode_chunk,
+    decode_arrays,
     decode_header,
     encode_chunk,
 )
@@ -78,9 +78,9 @@ def decode_entry(
     """Header and arrays of one stream entry. An entry without arrays is a chunk that ended in an
     env fault before its first transition: its header must say so (`env_error`); its arrays are
     {} (not zero rows: nothing reaches replay)."""
-    header = decode_header(fields)
+    header = decode_header(fields)  # read once: the arrays are checked against it
     if header["arrays"]:
-        return decode_chunk(fields, specs)
+        return header, decode_arrays(fields, header, specs)
     if "env_error" not in header:
         raise CodecError("an entry without arrays must carry 'env_error'")
     return header, {}
