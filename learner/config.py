@@ -181,6 +181,12 @@ class TrainConfig(Generic[AgentConfig]):
     flag that would change the experiment is refused; docs/reliability.md lists those that may)"""
     status_every_s: float = 30.0
     """without a terminal, seconds between status lines on stderr (steps/s, eval, version, fetches)"""
+    metrics_port: Annotated[int | None, arg(help_behavior_hint="(default: off)")] = None
+    """serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (steps/s, updates/s, chunks in
+    flight per live worker, policy lag, env errors...; docs/operations.md); 0 picks a free port"""
+    metrics_host: str = "127.0.0.1"
+    """address the metrics server binds: 0.0.0.0 for a Prometheus on another machine or pod (the
+    figures are not secret, but they say what runs where)"""
     # One thread: with two, torch's intra-op threads spin against the workers and any other
     # process on a small machine; a contended learner was measured ~20x slower per update.
     torch_threads: int = 1
@@ -226,6 +232,10 @@ class TrainConfig(Generic[AgentConfig]):
             raise ValueError("--checkpoint-every-s and --checkpoint-every-updates must be >= 0")
         if self.torch_threads < 1:
             raise ValueError(f"--torch-threads must be >= 1, got {self.torch_threads}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(
+                f"--metrics-port must be a TCP port (0-65535), got {self.metrics_port}"
+            )
         w = self.weights
         if w.max_lag_versions < 0 or not w.max_lag_seconds >= 0:
             raise ValueError("--max-lag-versions and --max-lag-seconds must be >= 0")

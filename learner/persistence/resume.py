@@ -30,7 +30,7 @@ LOCK_FILE = ".lock"
 # Anything else would make the resumed run a different experiment from the one it continues.
 RESUMABLE = frozenset({
     "resume", "total_steps", "redis_url", "workers", "eval_workers", "status_every_s", "torch_threads",
-    "device",
+    "device", "metrics_port", "metrics_host",
     "eval_timeout_s", "lost_after_s", "slots_every_s", "checkpoint_every_s",
     "checkpoint_every_updates", "checkpoints_kept", "checkpoint_replay", "chunk_time_limit_s",
     "env_faults_in_a_row",

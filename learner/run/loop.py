@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client import CollectorRegistry
 
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.core.agent import Saveable
@@ -32,6 +33,7 @@ from clusterenv.learner.persistence.components import LEARNER, gather, named_ten
 from clusterenv.learner.persistence.resume import Resumed, record_run_id
 from clusterenv.learner.run.lost_workers import LostWorkers
 from clusterenv.learner.run.progress import Progress
+from clusterenv.learner.run.prometheus import Figures
 from clusterenv.learner.run.recovery import BrokerRecovery
 from clusterenv.learner.run.wiring import BrokerFactory, RunParts, wire
 from clusterenv.pipeline.connect import BROKER_ERRORS, broker_gone
@@ -79,9 +81,10 @@ class Run(RunParts):
 
     @classmethod
     def create(cls, cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str,
-               resume: Resumed | None = None) -> Run:  # fmt: skip
-        """A run of `cfg` on the broker `broker_for` makes, resumed from `resume` if given."""
-        return cls(wire(cfg, broker_for, run_dir, run_id), resume)
+               resume: Resumed | None = None, metrics: CollectorRegistry | None = None) -> Run:  # fmt: skip
+        """A run of `cfg` on the broker `broker_for` makes, resumed from `resume` if given, its
+        Prometheus figures in `metrics` if given."""
+        return cls(wire(cfg, broker_for, run_dir, run_id, metrics), resume)
 
     def components(self) -> Mapping[str, Saveable]:
         """What a checkpoint holds, by name: each saves and restores itself."""
@@ -179,9 +182,33 @@ class Run(RunParts):
             steps, self.schedule.last_mean, self.publisher.version,
             lambda: self.accounting.sync_totals().get("weight_fetches", 0),
         )  # fmt: skip
+        self.refresh_gauges()
         if not trained:
             time.sleep(0.002)
         return True
+
+    def refresh_gauges(self) -> None:
+        """Hand the Prometheus server (--metrics-port) the run's figures, at most once a second."""
+        if self.gauges is None or not self.gauges.due():
+            return
+        acc, stats, in_flight = (
+            self.accounting,
+            self.ingest.reader.stats,
+            sorted(self.dispatcher.in_flight),
+        )
+        sync, lags = acc.sync_totals(), acc.lag_versions[-64:]
+        self.gauges.refresh(Figures(
+            env_steps=acc.env_steps, updates=self.learner.updates,
+            chunks_in_flight=len(in_flight),
+            chunks_queued=len(in_flight) - len(self.broker.takers.takers(in_flight)),
+            live_workers=self.dispatcher.slots(), policy_version=self.publisher.version,
+            lag_versions=sum(lags) / len(lags) if lags else 0.0,
+            weight_fetches=sync.get("weight_fetches", 0), weight_bytes=sync.get("weight_bytes", 0),
+            probe_bytes=sync.get("probe_bytes", 0), last_eval=self.schedule.last_mean,
+            best_eval=self.schedule.best_mean, chunks_accepted=stats.chunks,
+            chunks_rejected=stats.rejected, chunks_lost=self.dispatcher.lost,
+            env_errors=dict(acc.env_errors),
+        ))  # fmt: skip
 
     def checkpoint(self) -> Path:
         """Write a periodic checkpoint of every component now."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from prometheus_client import CollectorRegistry
 
 from clusterenv.learner.agents import build_agent
 from clusterenv.learner.config import TrainConfig, WeightSyncConfig
@@ -23,6 +24,7 @@ from clusterenv.learner.persistence.resume import record_version
 from clusterenv.learner.run.accounting import RunAccounting
 from clusterenv.learner.run.evaluation import EvalSchedule, RemoteEvaluation
 from clusterenv.learner.run.ingest import Ingest
+from clusterenv.learner.run.prometheus import RunGauges
 from clusterenv.learner.run.publisher import Publisher, ReferencePool
 from clusterenv.learner.run.records import RunRecords
 from clusterenv.learner.run.status import RunStatus
@@ -131,10 +133,13 @@ class RunParts:
     best: BestKeeper  # best.safetensors: the best-evaluated network so far
     records: RunRecords  # metrics.jsonl, TensorBoard, summary.json
     checkpoints: Checkpoints
+    gauges: RunGauges | None = None  # Prometheus figures, when a metrics server serves them
 
 
-def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str) -> RunParts:
-    """Build a run's parts for `cfg` on the broker `broker_for` makes."""
+def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str,
+         metrics: CollectorRegistry | None = None) -> RunParts:  # fmt: skip
+    """Build a run's parts for `cfg` on the broker `broker_for` makes; with `metrics`, the run's
+    Prometheus figures are registered there."""
     configure_torch(cfg.torch_threads)
     spaces, threshold = env_spaces(cfg.env, cfg.env_kwargs)
     late: dict[str, Any] = {}  # the publisher, for the lag of a version: made after the agent
@@ -175,10 +180,14 @@ def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str
                                   time_limit_s=cfg.evaluation.eval_timeout_s * 2 / 3)  # fmt: skip
     target = cfg.target_return if cfg.target_return is not None else threshold
     accounting, best = RunAccounting(), BestKeeper(run_dir)
+    gauges = None
+    if metrics is not None:
+        gauges = RunGauges({"run_id": run_id, "env": cfg.env, "algo": cfg.algo})
+        metrics.register(gauges)
     return RunParts(
         cfg, run_dir, run_id, agent, broker, pool, publisher, ingest, dispatcher, evaluation,
         EvalSchedule(cfg.evaluation, evaluation, target), accounting,
         RunStatus(broker.status, run_id, cfg.env), best,
         RunRecords(run_dir, agent.learner, publisher, accounting, ingest, dispatcher, evaluation, best),
-        Checkpoints(run_dir, cfg.checkpoint),
+        Checkpoints(run_dir, cfg.checkpoint), gauges,
     )  # fmt: skip

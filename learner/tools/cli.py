@@ -21,6 +21,7 @@ from clusterenv.learner.config import TrainConfig
 
 if TYPE_CHECKING:
     from clusterenv.learner.persistence.resume import Resumed
+    from clusterenv.learner.run.prometheus import MetricsServer
 
 WORKER_HINT = "CLUSTERENV_REDIS_URL={url} celery -A clusterenv.tasks worker --loglevel=INFO"
 USAGE = """usage: clusterenv {train,eval,report,status} [--help] | --version
@@ -165,6 +166,7 @@ def train(cfg: TrainConfig) -> int:
             connect(cfg.redis_url).close()
         except RedisUnreachable as exc:
             raise CliError(str(exc)) from None
+    metrics = _metrics_server(cfg)  # a port in use is refused before the run directory exists
     run_dir, run_id, resumed, lock = _open_run_dir(cfg)
     # Workers and the embedded server are stopped on the way out (after a SIGKILL, their
     # parent-death signal does it).
@@ -186,7 +188,12 @@ def train(cfg: TrainConfig) -> int:
             _wait_for_workers(connect(url), url)
             print(f"run {run_id}: broker {redact(url)}, run dir {run_dir}", file=sys.stderr)
             result = Run.create(
-                cfg, redis_broker(url, run_id, cfg.weights), run_dir, run_id, resumed
+                cfg,
+                redis_broker(url, run_id, cfg.weights),
+                run_dir,
+                run_id,
+                resumed,
+                metrics.registry if metrics is not None else None,
             ).run()
     except RedisUnreachable as exc:
         raise CliError(str(exc)) from None
@@ -199,6 +206,9 @@ def train(cfg: TrainConfig) -> int:
     except WorkersDidNotStart as exc:
         print(f"clusterenv: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if metrics is not None:
+            metrics.close()
     status = "solved" if result.solved else "budget spent"
     print(
         f"{status}: best eval {result.best_eval:.1f} after {result.env_steps} env steps, "
@@ -206,6 +216,22 @@ def train(cfg: TrainConfig) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _metrics_server(cfg: TrainConfig) -> MetricsServer | None:
+    """The Prometheus endpoint of --metrics-port, serving from now on; None without the flag."""
+    from clusterenv.learner.run.prometheus import serve_metrics
+
+    if cfg.metrics_port is None:
+        return None
+    try:
+        server = serve_metrics(cfg.metrics_host, cfg.metrics_port)
+    except OSError as exc:
+        raise CliError(
+            f"--metrics-port {cfg.metrics_port}: cannot serve on {cfg.metrics_host}: {exc}"
+        ) from None
+    print(f"metrics: http://{cfg.metrics_host}:{server.port}/metrics", file=sys.stderr)
+    return server
 
 
 def _open_run_dir(cfg: TrainConfig) -> tuple[Path, str, Resumed | None, IO]:

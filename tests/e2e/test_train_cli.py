@@ -225,6 +225,7 @@ def _text(path: Path) -> str:
         (["--sync", "sometimes"], "unknown sync policy 'sometimes'"),
         (["--env", "Pendulum-v1"], "Discrete action space"),
         (["--env-kwargs", "[1]"], "must be a JSON object"),
+        (["--metrics-port", "70000"], "--metrics-port must be a TCP port"),
     ],
 )
 def test_bad_flags_give_one_line_errors(tmp_path, args, message):
