@@ -182,7 +182,8 @@ class Rig:
 
     def _cpu(self) -> tuple[float, float, float, float]:
         server = _cpu_s(self.server) if self.server else float("nan")
-        workers = sum(_cpu_s(w) for w in self.workers)
+        # A prefork worker's chunks run in its children: their CPU counts as the worker's.
+        workers = sum(_cpu_s(p) for w in self.workers for p in [w, *w.children(recursive=True)])
         return time.perf_counter(), workers, time.process_time(), server
 
     def run(

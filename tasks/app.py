@@ -3,12 +3,15 @@ so the learner sees live workers, and what a worker does on SIGTERM (a spot VM's
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import threading
 from typing import Any
 
 from celery import Celery, bootsteps
-from celery.signals import worker_shutting_down
+from celery.signals import worker_process_init, worker_shutting_down
 
 from clusterenv.pipeline.cluster.celery_client import configure
 from clusterenv.pipeline.cluster.heartbeat import Heartbeat
@@ -40,9 +43,12 @@ class JsonResult:
 
 # Set when this worker begins to shut down (SIGTERM, SIGINT): the chunk in progress ends at its
 # next step and is sent with what it has, and the task's later chunks are not collected
-# (pipeline/chunks/runtime.py). In a prefork worker only the main process sees it: its children
-# finish their chunks.
+# (pipeline/chunks/runtime.py). Only a worker's main process gets the signal; a prefork worker
+# forwards the notice to its children as NOTICE_SIGNAL, which sets their own copy of the event.
 shutting_down = threading.Event()
+# Celery's own handlers use SIGUSR1 (stack dump) in the main process and reset it in children;
+# SIGUSR2 is free there unless CELERY_RDBSIG asks for the remote debugger.
+NOTICE_SIGNAL = signal.SIGUSR2
 _heartbeats: dict[str, WorkerHeartbeat] = {}  # this process's heartbeat step, by worker hostname
 
 
@@ -53,6 +59,7 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
         super().__init__(worker, **kwargs)
         self.registry: WorkerRegistry | None = None
         self.beat: Heartbeat | None = None
+        self.pool: Any = None  # the worker's pool: a prefork pool's children get the notice
         self._lock = threading.RLock()  # the signal handler may run inside a leave() of its thread
 
     def start(self, worker):
@@ -67,7 +74,16 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
             worker.hostname, processes, conf.clusterenv_heartbeat_every_s,
             conf.clusterenv_heartbeat_ttl_s, eval_only,
         )  # fmt: skip
+        self.pool = worker.pool
         _heartbeats[worker.hostname] = self
+
+    def tell_children(self) -> None:
+        """Forward the shutdown notice to a prefork pool's child processes (a solo pool has none:
+        its one process is this one)."""
+        info = self.pool.info if self.pool is not None else {}
+        for pid in info.get("processes", []) if isinstance(info, dict) else []:
+            with contextlib.suppress(ProcessLookupError):  # a child that exited meanwhile
+                os.kill(pid, NOTICE_SIGNAL)
 
     def leave(self, hostname: str) -> None:
         """Stop announcing, then withdraw the key (in that order: a beat in flight must not
@@ -96,4 +112,11 @@ def leave_at_once(sender: str | None = None, **_: Any) -> None:
     shutting_down.set()
     step = _heartbeats.get(sender or "")
     if step is not None:
+        step.tell_children()
         step.leave(sender)
+
+
+@worker_process_init.connect
+def hear_the_notice(**_: Any) -> None:
+    """In each prefork child: the main process forwards its shutdown notice as NOTICE_SIGNAL."""
+    signal.signal(NOTICE_SIGNAL, lambda *_: shutting_down.set())

@@ -40,11 +40,19 @@ def client(redis_url: str) -> redis.Redis:
     return connect(redis_url)
 
 
-@pytest.fixture(scope="session")
-def workers(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalWorkers]:
-    """Two real `celery -A clusterenv.tasks worker` processes for the whole session."""
+@pytest.fixture(scope="session", params=["solo", "prefork"])
+def workers(
+    request: pytest.FixtureRequest, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalWorkers]:
+    """Two real worker processes for the whole session, and every test that uses them runs under
+    both of Celery's pools: two `celery -A clusterenv.tasks worker --pool solo` (what
+    `clusterenv train` starts locally), then one prefork worker with two children (what
+    `celery -A clusterenv.tasks worker` runs on a VM)."""
     log = Path(tmp_path_factory.mktemp("workers")) / "workers.log"
-    pool = LocalWorkers(redis_url, 2, log_path=log)
+    if request.param == "solo":
+        pool = LocalWorkers(redis_url, 2, log_path=log)
+    else:
+        pool = LocalWorkers(redis_url, 1, log_path=log, prefork=2)
     pool.start()
     try:
         pool.wait_ready(connect(redis_url), expected=2)

@@ -52,7 +52,12 @@ class LocalWorkers:
     """N `celery -A clusterenv.tasks worker --pool solo` processes on this machine, taking every
     queue or only `queue` (with EVAL_QUEUE: workers that only evaluate); `launcher` is put before
     each command (e.g. `ip netns exec NS`, to run it in another network namespace); `include`
-    names more task modules the workers import (a benchmark's own tasks)."""
+    names more task modules the workers import (a benchmark's own tasks).
+
+    `prefork=P`: N workers of Celery's default pool instead, each with P child processes (what
+    `celery -A clusterenv.tasks worker` runs on a VM; the tests run both kinds). Solo is the
+    default here: one process per worker, each its own process group to stop, and no parent
+    process per worker handing tasks to children."""
 
     def __init__(
         self,
@@ -62,9 +67,10 @@ class LocalWorkers:
         queue: str | None = None,
         launcher: Sequence[str] = (),
         include: Sequence[str] = (),
+        prefork: int | None = None,
     ):
         self.redis_url, self.count, self.log_path, self.queue = redis_url, count, log_path, queue
-        self.launcher, self.include = list(launcher), list(include)
+        self.launcher, self.include, self.prefork = list(launcher), list(include), prefork
         self.eval_only = queue == EVAL_QUEUE  # announced apart; no chunk is sent for these
         self.procs: list[subprocess.Popen] = []
         self.tag = uuid.uuid4().hex[:6]
@@ -75,7 +81,9 @@ class LocalWorkers:
     def _spawn(self, i: int, env: dict[str, str], log) -> subprocess.Popen:
         cmd = [
             *self.launcher, sys.executable, "-m", "celery", "-A", "clusterenv.tasks", "worker",
-            "--pool", "solo", "--loglevel", "INFO",
+            *(["--pool", "solo"] if self.prefork is None
+              else ["--pool", "prefork", "--concurrency", str(self.prefork)]),
+            "--loglevel", "INFO",
             "--hostname", f"{'eval' if self.eval_only else 'local'}{i}-{self.tag}@%h",
         ]  # fmt: skip
         if self.queue:

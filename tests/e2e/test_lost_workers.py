@@ -20,13 +20,14 @@ import psutil
 import pytest
 
 from bench.envs import SLOW_CARTPOLE
+from clusterenv.pipeline.cluster.embedded import EmbeddedServer, LocalWorkers
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import worker_heartbeat
 from tests.e2e.cli_runs import Tree, assert_no_survivors, only_run_dir, start_cli
 
 # A worker's log line for a finished chunk task: when, how long it ran, its JSON summary.
 FINISHED = re.compile(
-    r"^\[(\S+ \S+): INFO/MainProcess\] Task clusterenv\.collect_chunk\[[^\]]+\] succeeded in "
+    r"^\[(\S+ \S+): INFO/[\w-]+\] Task clusterenv\.collect_chunk\[[^\]]+\] succeeded in "
     r"([0-9.eE+-]+)s: (\{.*\})$",
     re.M,
 )
@@ -102,13 +103,26 @@ def test_two_of_three_workers_killed_leave_the_survivor_no_idle_second(tmp_path)
 
 
 @pytest.mark.slow
-def test_a_sigtermed_worker_leaves_at_once_and_hands_back_its_chunk_cut_short(tmp_path):
-    # Chunks of 8 x 128 steps at 4 ms a step: ~4 s each, so the SIGTERM lands mid-chunk.
-    mark = uuid.uuid4().hex
-    proc = start_cli(["train", "--env", SLOW_CARTPOLE, "--env-kwargs", '{"delay_s": 0.004}',
-                      "--workers", "2", "--chunk-steps", "128", "--total-steps", "1000000",
-                      "--target-return", "1e9", "--eval-every", "1000000",
-                      "--run-dir", str(tmp_path)], mark)  # fmt: skip
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_a_sigtermed_worker_leaves_at_once_and_hands_back_its_chunk_cut_short(tmp_path, pool):
+    # Chunks of 8 x 128 steps at 4 ms a step: ~4 s each, so the SIGTERM lands mid-chunk. Solo:
+    # the CLI's own local workers. Prefork: two `celery worker` of one child each on a server of
+    # this test's, the learner attached to them (the main process gets the signal and forwards
+    # it to its child, which runs the chunk).
+    mark, server, pool_workers = uuid.uuid4().hex, None, None
+    args = ["train", "--env", SLOW_CARTPOLE, "--env-kwargs", '{"delay_s": 0.004}',
+            "--chunk-steps", "128", "--total-steps", "1000000", "--target-return", "1e9",
+            "--eval-every", "1000000", "--run-dir", str(tmp_path)]  # fmt: skip
+    if pool == "solo":
+        args += ["--workers", "2"]
+    else:
+        server = EmbeddedServer()
+        url = server.start()
+        pool_workers = LocalWorkers(url, 2, tmp_path / "prefork.log", prefork=1)
+        pool_workers.start()
+        pool_workers.wait_ready(connect(url), expected=2)
+        args += ["--redis-url", url, "--workers", "0"]
+    proc = start_cli(args, mark)
     tree = Tree(proc)
     try:
         client = connect(re.search(r"broker (\S+),", proc.stderr.readline())[1])
@@ -116,13 +130,16 @@ def test_a_sigtermed_worker_leaves_at_once_and_hands_back_its_chunk_cut_short(tm
         while True:  # until both workers have finished a chunk
             assert proc.poll() is None and time.monotonic() < deadline, "workers did not start"
             tree.look()
-            logs = list(tmp_path.glob("*/workers.log"))
+            logs = (
+                [tmp_path / "prefork.log"] if pool_workers else list(tmp_path.glob("*/workers.log"))
+            )
             names = {w for _, _, w in finished_tasks(logs[0])} if logs else set()
             if len({w.split("-")[0] for w in names}) >= 2:
                 break
             time.sleep(0.2)
         time.sleep(1.5)  # into the next chunk
-        pid = worker_pgids(tree)["local1"]  # its own session: the group's leader is the worker
+        # Its own session: the group's leader is the worker('s main process).
+        pid = pool_workers.pids[1] if pool_workers else worker_pgids(tree)["local1"]
         host = next(w for w in names if w.startswith("local1-")).rpartition(":")[0]
         sent_at = time.time()
         os.kill(pid, signal.SIGTERM)  # a spot VM's notice
@@ -131,7 +148,9 @@ def test_a_sigtermed_worker_leaves_at_once_and_hands_back_its_chunk_cut_short(tm
             time.sleep(0.01)
         left_at = time.time()
         worker = psutil.Process(pid)
-        while worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE:  # the CLI reaps it
+        while (
+            worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
+        ):  # its parent reaps it
             assert time.time() - sent_at < 30.0, "the worker did not exit"
             time.sleep(0.01)
         exited_at = time.time()
@@ -141,8 +160,12 @@ def test_a_sigtermed_worker_leaves_at_once_and_hands_back_its_chunk_cut_short(tm
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         err = proc.communicate(timeout=60)[1]
+        if pool_workers is not None:
+            pool_workers.stop()
+        if server is not None:
+            server.stop()
     print(
-        f"SIGTERM -> left the registry {left_at - sent_at:.3f} s, -> exited "
+        f"{pool}: SIGTERM -> left the registry {left_at - sent_at:.3f} s, -> exited "
         f"{exited_at - sent_at:.3f} s"
     )  # the figures docs/reliability.md quotes
     assert left_at - sent_at <= 1.0 and exited_at - sent_at <= 2.0
