@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from clusterenv.pipeline.behaviour import Categorical, EpsilonGreedy
-from clusterenv.pipeline.codec import ArraySpec, decode_chunk
+from clusterenv.pipeline.codec import ArraySpec, decode_chunk, decode_header
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.sync.client import RedisWeightClient
@@ -123,6 +123,30 @@ def test_retention_deletes_old_versions(client, run_id):
         learner.publish(net(0))
     keys = RunKeys(run_id)
     assert [bool(client.exists(keys.weights(v))) for v in range(4)] == [False, False, True, True]
+
+
+def test_a_reference_batch_goes_once_no_kept_version_or_next_probe_reads_it(client, run_id):
+    learner, keys = Learner(client, run_id, keep=2), RunKeys(run_id)
+
+    def references() -> list[bool]:
+        return [bool(client.exists(keys.reference(r))) for r in range(4)]
+
+    learner.publish(net(0))  # v0 on batch 0
+    learner.source.publish_reference(REF)  # batch 1; v0 still reads batch 0
+    learner.publish(net(0))  # v1 on batch 1
+    assert references() == [True, True, False, False]
+    learner.publish(net(0))  # v2 on batch 1; v0 deleted, and batch 0 with it
+    assert references() == [False, True, False, False]
+    learner.source.publish_reference(REF)  # batch 2: v1 and v2 still read batch 1
+    learner.source.publish_reference(REF)  # batch 3: batch 2 was never read by a probe
+    assert references() == [False, True, False, True]
+    learner.publish(net(0))
+    learner.publish(net(0))  # v3 and v4 on batch 3: v1 and v2 deleted, batch 1 with them
+    assert references() == [False, False, False, True]
+    # Every kept version's probe can still be checked against its batch.
+    for v in (3, 4):
+        header = decode_header(client.hgetall(keys.probe(v)))
+        assert client.exists(keys.reference(header["ref"]))
 
 
 def test_max_lag_guard_fires(client, run_id):
