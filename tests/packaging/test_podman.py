@@ -177,13 +177,16 @@ def test_images_build_and_compose_trains_to_the_learners_exit(tmp_path):
             assert (run_dir / name).is_file(), (name, sorted(p.name for p in run_dir.iterdir()))
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["failed"] is None and summary["env_steps"] > 0
-        assert summary["lost_chunks"] == 0 and summary["ingest"]["rejected"] == 0
+        # Lost chunks are not asserted: a worker slow to come up (seen once here: 50 s between
+        # Celery's "mingle" and "ready") has its first chunks written off after --lost-after-s
+        # and sent again, and the run goes on, as it is meant to.
+        assert summary["ingest"]["rejected"] == 0
         print(
             f"\nbuild worker {took['worker']:.0f} s, learner {took['learner']:.0f} s; compose up to "
             f"the learner's exit {trained:.0f} s; {run_dir.name}: solved={summary['solved']} "
             f"best eval {summary['best']['eval_mean'] if summary['best'] else None} after "
             f"{summary['env_steps']} env steps, {summary['updates']} updates, "
-            f"{summary['wall_s']:.1f} s"
+            f"{summary['wall_s']:.1f} s, lost chunks {summary['lost_chunks']}; CONTAINERS_CONF {env.get('CONTAINERS_CONF')}"
         )
     finally:
         sh(*compose, "down", "-v", env=env, timeout=300, cwd=work, check=False)
