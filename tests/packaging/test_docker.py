@@ -1,8 +1,8 @@
 """docker/ checked without a Docker engine: compose files against the Compose specification's
 JSON schema, every command and flag against the real entry point, the Dockerfile parsed.
 
-No engine runs on these machines, so nothing here builds an image or starts a container; what
-can be run for real is: the Redis flags and the healthcheck against Debian's redis-server.
+Nothing here builds an image or starts a container (test_podman.py does, with podman, opt-in);
+what is run for real here is: the Redis flags and the healthcheck against Debian's redis-server.
 """
 
 from __future__ import annotations
