@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from clusterenv.pipeline.cluster.embedded import free_port
 
@@ -111,6 +112,20 @@ def http_status(url: str, auth: str | None) -> int:
         return e.code
 
 
+def scrape_steps(url: str) -> float | None:
+    """clusterenv_env_steps_total from the learner's endpoint, or None while it is not serving."""
+    try:
+        with urllib.request.urlopen(url, timeout=3) as response:
+            text = response.read().decode()
+    except (OSError, urllib.error.URLError):
+        return None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "clusterenv_env_steps_total" and sample.value > 0:
+                return sample.value
+    return None
+
+
 def test_images_build_and_compose_trains_to_the_learners_exit(tmp_path):
     for tool in ("podman", "podman-compose"):
         if shutil.which(tool) is None:
@@ -138,16 +153,17 @@ def test_images_build_and_compose_trains_to_the_learners_exit(tmp_path):
     for name in ("compose.yaml", "compose.worker.yaml"):
         shutil.copy(DOCKER / name, work / name)
     password, flower_auth = secrets.token_hex(24), f"admin:{secrets.token_hex(12)}"
-    redis_port, flower_port = free_port(), free_port()
+    redis_port, flower_port, metrics_port = free_port(), free_port(), free_port()
     (work / ".env").write_text(
         f"REDIS_PASSWORD={password}\nFLOWER_BASIC_AUTH={flower_auth}\n"
         f"FLOWER_BIND=127.0.0.1\nFLOWER_PORT={flower_port}\n"
         f"REDIS_BIND=127.0.0.1\nREDIS_PUBLISH_PORT={redis_port}\nREDIS_IMAGE={REDIS}\n"
         "REDIS_MAXMEMORY=1gb\nWORKER_CONCURRENCY=0\nTRAIN_ENV=CartPole-v1\n"
+        f"METRICS_BIND=127.0.0.1\nMETRICS_PORT={metrics_port}\n"
     )
     compose = ["podman-compose", "-p", PROJECT]
     learner = f"{PROJECT}_learner_1"
-    t0 = time.monotonic()
+    t0, scraped = time.monotonic(), None
     try:
         sh(*compose, "up", "-d", "--no-build", env=env, timeout=300, cwd=work)
         deadline = time.monotonic() + 600
@@ -158,7 +174,8 @@ def test_images_build_and_compose_trains_to_the_learners_exit(tmp_path):
             if status in ("exited", "stopped"):
                 break
             assert time.monotonic() < deadline, "the learner did not exit within 600 s"
-            time.sleep(2)
+            scraped = scraped or scrape_steps(f"http://127.0.0.1:{metrics_port}/metrics")
+            time.sleep(1)
         trained = time.monotonic() - t0
         out = sh("podman", "logs", learner, env=env, timeout=60)
         logs = out.stdout + out.stderr
@@ -181,6 +198,8 @@ def test_images_build_and_compose_trains_to_the_learners_exit(tmp_path):
         # Celery's "mingle" and "ready") has its first chunks written off after --lost-after-s
         # and sent again, and the run goes on, as it is meant to.
         assert summary["ingest"]["rejected"] == 0
+        # The learner's Prometheus endpoint answered on its published port while it trained.
+        assert scraped is not None and scraped > 0, "no scrape of the learner's metrics"
         print(
             f"\nbuild worker {took['worker']:.0f} s, learner {took['learner']:.0f} s; compose up to "
             f"the learner's exit {trained:.0f} s; {run_dir.name}: solved={summary['solved']} "
