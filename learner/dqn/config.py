@@ -30,6 +30,10 @@ class DQNConfig:
     """minibatch size"""
     gamma: float = 0.99
     """discount"""
+    n_step: int = 1
+    """n-step returns: each row's target sums up to N rewards of its env and bootstraps from the
+    N-th next state (discounted gamma**N), stopping at an episode's end and at its chunk's end;
+    computed at ingest (learner/dqn/n_step.py). 1: one-step targets"""
     hidden: str = "256,256"
     """hidden layer sizes of the Q-network, comma-separated"""
     torso: Torso = "auto"
@@ -64,6 +68,8 @@ class DQNConfig:
                                 "publish_every", "lr", "samples_per_insert"))  # fmt: skip
         if self.learning_starts < self.batch_size:
             raise ValueError("--learning-starts must be at least --batch-size")
+        if not 1 <= self.n_step <= 255:
+            raise ValueError(f"--n-step must be 1 to 255, got {self.n_step}")
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"--gamma must be in (0, 1], got {self.gamma}")
         if self.lr_end is not None and not self.lr_end >= 0.0:  # NaN too

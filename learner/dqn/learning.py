@@ -27,6 +27,7 @@ from clusterenv.learner.core.networks import (
     save_training,
 )
 from clusterenv.learner.dqn.config import DQNConfig
+from clusterenv.learner.dqn.n_step import n_step_returns
 from clusterenv.learner.replay.frames import FrameReplay
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
@@ -80,7 +81,10 @@ class DQNLearner:
             offset += p.numel()
 
     def insert(self, header: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
-        """The ingest thread's sink: a chunk's transitions into replay; the rows inserted."""
+        """The ingest thread's sink: a chunk's transitions into replay (as n-step returns with
+        --n-step); the rows inserted."""
+        if self.cfg.n_step > 1:
+            arrays = n_step_returns(arrays, self.cfg.n_step, self.cfg.gamma)
         rows = self.replay.insert(arrays)
         self.limiter.on_insert(rows)
         return rows
@@ -97,9 +101,9 @@ class DQNLearner:
     @torch.no_grad()
     def update(self, batch: Mapping[str, np.ndarray]) -> float:
         """One Double-DQN gradient step on `batch`; returns the Huber TD loss before the step."""
-        obs, next_obs, action, reward, terminated = (
+        obs, next_obs, action, reward, terminated, n_steps = (
             torch.from_numpy(batch[name]).to(self.device)
-            for name in ("obs", "next_obs", "action", "reward", "terminated")
+            for name in ("obs", "next_obs", "action", "reward", "terminated", "n_steps")
         )
         # Frames travel to the device as uint8 (a quarter of the bytes) and become floats there.
         obs, next_obs, action = obs.float(), next_obs.float(), action.unsqueeze(1)
@@ -121,7 +125,9 @@ class DQNLearner:
         else:
             q, inputs = self.q.forward_keeping_inputs(obs)
             next_q = self.target(next_obs).max(dim=1).values
-        td_target = reward + self.cfg.gamma * (1.0 - terminated) * next_q
+        # An n-step row bootstraps gamma**k later, k its window's length (1 for one-step rows).
+        discount = torch.pow(self.cfg.gamma, n_steps.float())
+        td_target = reward + discount * (1.0 - terminated) * next_q
         td_error = q.gather(1, action).squeeze(1) - td_target
         # The mean Huber loss's gradient: the TD error clipped to [-1, 1], over the batch, on
         # the action taken and zero on the others.

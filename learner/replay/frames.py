@@ -32,7 +32,7 @@ RESAMPLES = 8
 
 
 class FrameReplay:
-    """Uniform replay over (stacked obs, action, reward, stacked next obs, terminated)."""
+    """Uniform replay over (stacked obs, action, reward, stacked next obs, terminated, n_steps)."""
 
     def __init__(self, capacity: int, stack: int, frame: ArraySpec, action: ArraySpec):
         self.capacity, self.stack = capacity, stack
@@ -45,6 +45,7 @@ class FrameReplay:
         self.reward = np.zeros(capacity, np.float32)
         # Only termination stops bootstrapping; a time-limit truncation still bootstraps.
         self.terminated = np.zeros(capacity, np.float32)
+        self.n_steps = np.ones(capacity, np.uint8)  # the return window's length (uniform.py)
         self.pos = self.size = self.inserted = 0
         self._lock = threading.Lock()
 
@@ -52,7 +53,7 @@ class FrameReplay:
     def nbytes(self) -> int:
         """Memory the replay holds, frames and transitions."""
         columns = (self.frames, self.obs_serial, self.next_serial, self.action, self.reward,
-                   self.terminated)  # fmt: skip
+                   self.terminated, self.n_steps)  # fmt: skip
         return sum(a.nbytes for a in columns)
 
     def insert(self, arrays: Mapping[str, np.ndarray]) -> int:
@@ -70,6 +71,7 @@ class FrameReplay:
             self.action[idx] = arrays["action"]
             self.reward[idx] = arrays["reward"]
             self.terminated[idx] = arrays["terminated"]
+            self.n_steps[idx] = arrays.get("n_steps", 1)
             self.pos = int((self.pos + n) % self.capacity)
             self.size = min(self.capacity, self.size + n)
             self.inserted += n
@@ -97,6 +99,7 @@ class FrameReplay:
                 "reward": self.reward[idx],
                 "next_obs": self.frames[self.next_serial[idx] % ring],
                 "terminated": self.terminated[idx],
+                "n_steps": self.n_steps[idx],
             }
 
     def save(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -109,7 +112,9 @@ class FrameReplay:
             return arrays, counters
 
     def restore(self, arrays: Mapping[str, np.ndarray], counters: Mapping[str, int]) -> None:
-        """Take back what `save` returned."""
+        """Take back what `save` returned (a checkpoint from before n-step returns has one-step
+        rows)."""
+        arrays = {"n_steps": np.ones(self.capacity, np.uint8), **arrays}
         for name in _COLUMNS:
             if arrays[name].shape != getattr(self, name).shape:
                 raise ValueError(f"replay's {name} {arrays[name].shape} does not fit this replay")
@@ -120,4 +125,4 @@ class FrameReplay:
             self.inserted, self.frame_count = counters["inserted"], counters["frame_count"]
 
 
-_COLUMNS = ("frames", "obs_serial", "next_serial", "action", "reward", "terminated")
+_COLUMNS = ("frames", "obs_serial", "next_serial", "action", "reward", "terminated", "n_steps")

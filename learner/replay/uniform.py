@@ -10,12 +10,14 @@ import numpy as np
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.spaces import DiscreteActions
 
-# The stored arrays, named as `add` and `sample` name them.
-FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+# The stored arrays, named as `add` and `sample` name them. `n_steps`: the length of the row's
+# return window (learner/dqn/n_step.py; 1 for one-step rows): its bootstrap is discounted by
+# gamma ** n_steps.
+FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "n_steps")
 
 
 class ReplayBuffer:
-    """Uniform replay over (obs, action, reward, next_obs, terminated)."""
+    """Uniform replay over (obs, action, reward, next_obs, terminated, n_steps)."""
 
     def __init__(
         self,
@@ -33,6 +35,7 @@ class ReplayBuffer:
         self.reward = np.zeros(capacity, dtype=np.float32)
         # Only termination stops bootstrapping; a time-limit truncation still bootstraps.
         self.terminated = np.zeros(capacity, dtype=np.float32)
+        self.n_steps = np.ones(capacity, dtype=np.uint8)
         self.pos = 0
         self.size = 0
         self.inserted = 0
@@ -45,10 +48,12 @@ class ReplayBuffer:
         reward: np.ndarray,
         next_obs: np.ndarray,
         terminated: np.ndarray,
+        n_steps: np.ndarray | int = 1,
     ) -> None:
         n = len(action)
         if n == 0:
             return
+        n_steps = np.broadcast_to(n_steps, (n,))
         if n > self.capacity:  # only the newest `capacity` rows can survive anyway
             obs, action, reward = (
                 obs[-self.capacity :],
@@ -56,7 +61,7 @@ class ReplayBuffer:
                 reward[-self.capacity :],
             )
             next_obs, terminated = next_obs[-self.capacity :], terminated[-self.capacity :]
-            n = self.capacity
+            n_steps, n = n_steps[-self.capacity :], self.capacity
         with self._lock:
             idx = (self.pos + np.arange(n)) % self.capacity
             self.obs[idx] = obs
@@ -64,14 +69,17 @@ class ReplayBuffer:
             self.action[idx] = action
             self.reward[idx] = reward
             self.terminated[idx] = terminated
+            self.n_steps[idx] = n_steps
             self.pos = int((self.pos + n) % self.capacity)
             self.size = min(self.capacity, self.size + n)
             self.inserted += n
 
     def insert(self, arrays: Mapping[str, np.ndarray]) -> int:
-        """One chunk's transitions (its `obs`, `action`, `reward`, `next_obs`, `terminated`)."""
+        """One chunk's transitions (its `obs`, `action`, `reward`, `next_obs`, `terminated`, and
+        `n_steps` where n-step returns were made of them)."""
         a = arrays
-        self.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"])
+        self.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"],
+                 a.get("n_steps", 1))  # fmt: skip
         return len(a["action"])
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -83,6 +91,7 @@ class ReplayBuffer:
                 "reward": self.reward[idx],
                 "next_obs": self.next_obs[idx],
                 "terminated": self.terminated[idx],
+                "n_steps": self.n_steps[idx],
             }
 
     def save(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
@@ -95,6 +104,8 @@ class ReplayBuffer:
     def restore(self, rows: Mapping[str, np.ndarray], counters: Mapping[str, int]) -> None:
         """Take back what `save` returned."""
         size = counters["size"]
+        # A checkpoint from before n-step returns has no n_steps: its rows are one-step rows.
+        rows = {"n_steps": np.ones(size, np.uint8), **rows}
         if size > self.capacity or any(len(rows[name]) != size for name in FIELDS):
             raise ValueError(f"replay rows do not fit a buffer of {self.capacity}")
         with self._lock:

@@ -42,7 +42,8 @@ def make(
     )
 
 
-def batch(n: int = 32, terminated: float = 0.0, next_scale: float = 1.0, seed: int = 0):
+def batch(n: int = 32, terminated: float = 0.0, next_scale: float = 1.0, seed: int = 0,
+          n_steps: int = 1):  # fmt: skip
     rng = np.random.default_rng(seed)
     return {
         "obs": rng.normal(size=(n, OBS_DIM)).astype(np.float32),
@@ -50,6 +51,7 @@ def batch(n: int = 32, terminated: float = 0.0, next_scale: float = 1.0, seed: i
         "reward": rng.normal(size=n).astype(np.float32),
         "next_obs": (next_scale * rng.normal(size=(n, OBS_DIM))).astype(np.float32),
         "terminated": np.full(n, terminated, np.float32),
+        "n_steps": np.full(n, n_steps, np.uint8),
     }
 
 
@@ -63,7 +65,8 @@ def td_target(learner: DQNLearner, b: dict[str, np.ndarray]) -> torch.Tensor:
         else:
             next_q = learner.target(next_obs).max(dim=1).values
         not_done = 1.0 - torch.from_numpy(b["terminated"])
-        return torch.from_numpy(b["reward"]) + learner.cfg.gamma * not_done * next_q
+        discount = learner.cfg.gamma ** torch.from_numpy(b["n_steps"]).double()
+        return torch.from_numpy(b["reward"]) + discount.float() * not_done * next_q
 
 
 def q_taken(learner: DQNLearner, b: dict[str, np.ndarray]) -> torch.Tensor:
@@ -124,6 +127,15 @@ def test_non_terminal_transitions_bootstrap_from_the_target_net():
     learner, b = make(), batch(terminated=0.0, next_scale=100.0)
     with_bootstrap = expected_loss(learner, b)
     assert learner.update(b) == pytest.approx(with_bootstrap, rel=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_an_n_step_row_bootstraps_gamma_to_the_k_later(k):
+    learner, b = make(), batch(terminated=0.0, next_scale=100.0, n_steps=k)
+    one_step = expected_loss(learner, {**b, "n_steps": np.ones(32, np.uint8)})
+    expected = expected_loss(learner, b)
+    assert learner.update(b) == pytest.approx(expected, rel=1e-5)
+    assert (expected == pytest.approx(one_step)) == (k == 1)
 
 
 def test_target_network_copies_every_target_update_every_updates():
@@ -197,7 +209,7 @@ def test_plain_dqn_bootstraps_on_the_target_nets_max():
         batch = {
             "obs": np.zeros((1, 4), np.float32), "next_obs": np.zeros((1, 4), np.float32),
             "action": np.zeros(1, np.int64), "reward": np.zeros(1, np.float32),
-            "terminated": np.zeros(1, np.float32),
+            "terminated": np.zeros(1, np.float32), "n_steps": np.ones(1, np.uint8),
         }  # fmt: skip
         # Huber loss at q_taken = 5: |target - 5| - 0.5 for a large error.
         targets[double] = learner.update(batch)
@@ -275,6 +287,7 @@ def frames_batch(shape: tuple[int, ...], n: int, seed: int, terminated: float) -
         "reward": rng.normal(size=n).astype(np.float32),
         "next_obs": rng.integers(0, high, size=(n, *shape), dtype=np.uint8),
         "terminated": np.full(n, terminated, np.float32),
+        "n_steps": np.ones(n, np.uint8),
     }
 
 

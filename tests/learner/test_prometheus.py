@@ -37,7 +37,9 @@ def test_a_scrape_reads_the_latest_figures_and_rates_over_the_window():
     gauges = RunGauges({"run_id": "r1", "env": "CartPole-v1", "algo": "dqn"}, clock=clock)
     registry.register(gauges)
     before = scrape(registry)
-    assert before["clusterenv_env_steps_total"] == 0 and math.isnan(before["clusterenv_eval_return_last"])
+    assert before["clusterenv_env_steps_total"] == 0 and math.isnan(
+        before["clusterenv_eval_return_last"]
+    )
     assert gauges.due()
     gauges.refresh(Figures(env_steps=1000, updates=10))
     assert not gauges.due()
@@ -59,7 +61,9 @@ def test_a_scrape_reads_the_latest_figures_and_rates_over_the_window():
     assert got["clusterenv_env_errors_total{kind=step}"] == 3
     assert got["clusterenv_env_errors_total{kind=reset}"] == 0
     assert got["clusterenv_weight_fetched_bytes_total"] == 9000
-    assert got["clusterenv_eval_return_last"] == 120.0 and got["clusterenv_policy_lag_versions"] == 1.5
+    assert (
+        got["clusterenv_eval_return_last"] == 120.0 and got["clusterenv_policy_lag_versions"] == 1.5
+    )
     assert got["clusterenv_chunks_lost_total"] == 2 and got["clusterenv_chunks_rejected_total"] == 1
     # The rates look back RATE_WINDOW_S (10 s), not to the run's start: 60 s later, 600 steps in
     # the last 10 s.
