@@ -28,6 +28,7 @@ from typing import Any
 import redis
 
 from bench.common import TRAIN, mark_start, save_figure, table, write_results
+from bench.signals import default_stop_signals
 from clusterenv.learner.config import TrainConfig
 from clusterenv.pipeline.cluster.embedded import EmbeddedServer
 from clusterenv.pipeline.connect import connect
@@ -123,12 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         flags = ["--env", args.env, "--redis-url", url, "--workers", str(args.workers),
                  "--total-steps", str(10**10), "--target-return", "1e9", "--run-dir", tmp]  # fmt: skip
-        learner = subprocess.Popen([*TRAIN, *flags], stderr=subprocess.PIPE, text=True)
+        # Its stderr to a file: a pipe nobody reads for 30 minutes could fill and stall it.
+        log = open(Path(tmp) / "learner.log", "w+")  # noqa: SIM115 (closed with the folder)
+        learner = subprocess.Popen([*TRAIN, *flags], stderr=log, text=True,
+                                   preexec_fn=default_stop_signals)  # fmt: skip
         try:
             t0, run_id = time.monotonic(), None
             baseline = sample(client, None, t0)["used_memory"]
             while time.monotonic() - t0 < args.minutes * 60:
-                assert learner.poll() is None, learner.stderr.read()
+                assert learner.poll() is None, "the learner stopped early (its log: learner.log)"
                 if run_id is None:
                     found = [d.name for d in Path(tmp).iterdir() if d.is_dir()]
                     run_id = found[0] if found else None
@@ -136,8 +140,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{rows[-1]['t_s']:7.0f} s  used_memory {rows[-1]['used_memory'] / 2**20:7.2f} MiB"
                       f"  stream {rows[-1].get('stream_len', 0)}", flush=True)  # fmt: skip
                 time.sleep(args.every_s)
-            learner.send_signal(signal.SIGINT)  # an operator stops it: summary, keys expire
-            err = learner.communicate(timeout=300)[1]
+            # An operator stops it: summary, keys expire. SIGTERM, not SIGINT: a background job
+            # starts with SIGINT ignored, and so did the learner of the first soak (stopped by
+            # hand two minutes late).
+            learner.send_signal(signal.SIGTERM)
+            learner.wait(timeout=300)
+            log.seek(0)
+            err = log.read()
         finally:
             if learner.poll() is None:
                 learner.kill()
