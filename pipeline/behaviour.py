@@ -42,6 +42,11 @@ class Behaviour(TaskArgs):
         """Measure `measure` between the learner's and the worker's outputs on the same states."""
         raise NotImplementedError
 
+    def for_actor(self, actor_index: int, num_envs: int) -> Behaviour:
+        """How one actor (a worker process's vector of `num_envs` envs) acts: the same for every
+        actor, except where a kind gives each actor env its own parameters (EpsilonLadder)."""
+        return self
+
     @classmethod
     def measure(cls, name: str | None) -> str:
         """`name` (None: this kind's default) if it applies to this kind of policy; else a
@@ -98,6 +103,69 @@ class EpsilonGreedy(Behaviour):
 
 
 @dataclass(frozen=True)
+class EpsilonLadder(Behaviour):
+    """Ape-X's exploration (Horgan et al. 2018): actor env i of `size` acts ε-greedily with a fixed
+    ε_i = epsilon ** (1 + alpha * i / (size - 1)), from `epsilon` down to epsilon ** (1 + alpha)
+    (0.4 and 7: 0.4 to 0.00066), so a few envs explore hard while most act nearly greedily.
+
+    An actor env's slot i is its index over the run (actor index x envs per actor + env) modulo
+    `size`, the actor envs the learner counted when it dispatched the chunk (live collecting
+    processes x --envs-per-worker): an env keeps its ε from chunk to chunk while that count holds,
+    and a worker that restarts (a new actor index) takes the next slots around the ladder."""
+
+    epsilon: float
+    alpha: float
+    size: int
+    kind = "epsilon_ladder"
+    DIVERGENCES = EpsilonGreedy.DIVERGENCES
+
+    def check(self) -> None:
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise TaskArgsError(f"epsilon must be in [0, 1], got {self.epsilon}")
+        if not self.alpha >= 0.0:
+            raise TaskArgsError(f"alpha must be >= 0, got {self.alpha}")
+        if self.size < 1:
+            raise TaskArgsError(f"size must be >= 1, got {self.size}")
+
+    def epsilons(self, first: int, count: int) -> np.ndarray:
+        """ε of the actor envs `first` ... `first + count - 1`."""
+        slot = (first + np.arange(count)) % self.size
+        return self.epsilon ** (1.0 + self.alpha * slot / max(1, self.size - 1))
+
+    def for_actor(self, actor_index: int, num_envs: int) -> Behaviour:
+        eps = self.epsilons(actor_index * num_envs, num_envs).round(EPSILON_DECIMALS)
+        return EnvEpsilons(tuple(eps.tolist()))
+
+    def act(
+        self, outputs: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        # The trap: a ladder has no ε of its own; the runtime acts with for_actor's.
+        raise TypeError("an EpsilonLadder acts through for_actor(actor_index, num_envs)")
+
+    def divergence(self, measure: str, learner: np.ndarray, worker: np.ndarray) -> float:
+        return self.DIVERGENCES[measure](learner, worker, self.epsilon)
+
+
+@dataclass(frozen=True)
+class EnvEpsilons(Behaviour):
+    """One actor's rung of an EpsilonLadder: ε-greedy with its own ε per env (row). Made on the
+    worker by EpsilonLadder.for_actor; never sent."""
+
+    epsilons: tuple[float, ...]
+    kind = "env_epsilons"
+    DIVERGENCES = EpsilonGreedy.DIVERGENCES
+
+    def act(
+        self, outputs: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        return epsilon_greedy(outputs, np.asarray(self.epsilons), rng), {}
+
+    def divergence(self, measure: str, learner: np.ndarray, worker: np.ndarray) -> float:
+        # APS's ε-dependent measures over the actor's envs: at their mean ε.
+        return self.DIVERGENCES[measure](learner, worker, float(np.mean(self.epsilons)))
+
+
+@dataclass(frozen=True)
 class Categorical(Behaviour):
     """A draw from softmax(logits) (PPO); each row keeps its behaviour log-prob as `logp`, which
     PPO's ratio is taken against."""
@@ -115,6 +183,9 @@ class Categorical(Behaviour):
         return self.DIVERGENCES[measure](learner, worker)
 
 
-BEHAVIOURS: dict[str, type[Behaviour]] = {b.kind: b for b in (EpsilonGreedy, Categorical)}
+# The kinds a ChunkRequest may carry (EnvEpsilons is made on the worker, never sent).
+BEHAVIOURS: dict[str, type[Behaviour]] = {
+    b.kind: b for b in (EpsilonGreedy, EpsilonLadder, Categorical)
+}
 # Every divergence some kind of policy has (a sync spec naming another one is refused as unknown).
 MEASURES: frozenset[str] = frozenset(m for b in BEHAVIOURS.values() for m in b.DIVERGENCES)

@@ -20,11 +20,16 @@ describes it alone:
     conv.{i}.stride    int (1,)                 its stride, the same along H and W
     layers.{i}.weight  float (out, in)          i = 0, 1, ...: linear layers, ReLU between them;
     layers.{i}.bias    float (out,)             the last one's outputs are Q-values or logits
+    value.weight       float (1, in)            dueling nets only (Wang et al. 2016): after a ReLU
+    value.bias         float (1,)               on the last layer's outputs, the state's value V
+    advantage.weight   float (A, in)            and the A advantages; the outputs are the
+    advantage.bias     float (A,)               Q-values V + A - mean(A)
 
 Without `input.*` and `conv.*` the arrays are an MLP on flattened observations (NumpyMLP). With
 them a conv net (NumpyConvNet): each convolution takes the previous one's channels and its kernel
 fits the previous one's output, and the last output, flattened in (C, H, W) order, is `layers.0`'s
-input. No other name may appear. Floats may be float16, 32 or 64 (the forward runs in float32);
+input. Either may end in the dueling head (`value.*` and `advantage.*`, both or neither). No other
+name may appear. Floats may be float16, 32 or 64 (the forward runs in float32);
 the integers stay integers. `numpy_policy(arrays)` and `load_policy(blob)` return whichever network
 the arrays describe, or raise a ValueError naming the first array that does not fit.
 """
@@ -40,7 +45,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 from clusterenv.pipeline.codec import decode_weights
 
 # Every name of the contract starts with one of these (what a file of an acting network holds).
-NETWORK_PREFIXES = ("input.", "conv.", "layers.")
+NETWORK_PREFIXES = ("input.", "conv.", "layers.", "value.", "advantage.")
+# (weight transposed, bias) of a linear layer as the forwards hold it.
+Dense = tuple[np.ndarray, np.ndarray]
 
 
 class NumpyMLP:
@@ -48,9 +55,11 @@ class NumpyMLP:
     are Q-values or logits."""
 
     def __init__(self, weights: Mapping[str, np.ndarray]):
-        """Layers from `layers.{i}.weight` / `.bias`; ValueError names the first one that does not fit."""
+        """Layers from `layers.{i}.weight` / `.bias` (and a dueling head from `value.*` and
+        `advantage.*`); ValueError names the first array that does not fit."""
         self.layers = _dense_layers(weights)
-        _refuse_others(weights, 0, len(self.layers))
+        self.head = _dueling_head(weights, self.layers[-1][1].shape[0])
+        _refuse_others(weights, 0, len(self.layers), self.head is not None)
 
     @property
     def num_inputs(self) -> int:
@@ -58,7 +67,7 @@ class NumpyMLP:
 
     @property
     def num_outputs(self) -> int:
-        return self.layers[-1][1].shape[0]
+        return _outputs(self.layers, self.head)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -69,7 +78,8 @@ class NumpyMLP:
         return math.prod(obs_shape) == self.num_inputs
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        return _dense_forward(np.asarray(obs, dtype=np.float32).reshape(len(obs), -1), self.layers)
+        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
+        return _dense_forward(x, self.layers, self.head)
 
 
 # Observations one conv forward takes at once (more are taken in slices of this many).
@@ -126,7 +136,8 @@ class NumpyConvNet:
                 f"layers.0.weight takes {w0.shape[0]} inputs, conv.{count - 1} gives "
                 f"{c}x{h}x{w} = {c * h * w}"
             )
-        _refuse_others(weights, count, len(self.layers))
+        self.head = _dueling_head(weights, self.layers[-1][1].shape[0])
+        _refuse_others(weights, count, len(self.layers), self.head is not None)
         # layers.0 reads features in (C, H, W) order, the forward has them in (H, W, C): its rows
         # are reordered once here instead of the features at every call.
         w0 = w0.reshape(c, h, w, -1).transpose(1, 2, 0, 3).reshape(c * h * w, -1)
@@ -138,7 +149,7 @@ class NumpyConvNet:
 
     @property
     def num_outputs(self) -> int:
-        return self.layers[-1][1].shape[0]
+        return _outputs(self.layers, self.head)
 
     def takes(self, obs_shape: tuple[int, ...]) -> bool:
         """Whether observations of `obs_shape` fit: `input_shape` exactly."""
@@ -169,7 +180,7 @@ class NumpyConvNet:
             y += bias
             np.maximum(y, 0.0, out=y)
             x = y.reshape(n, h, w, -1)
-        return _dense_forward(x.reshape(n, -1), self.layers)
+        return _dense_forward(x.reshape(n, -1), self.layers, self.head)
 
 
 NumpyPolicy = NumpyMLP | NumpyConvNet
@@ -188,14 +199,46 @@ def load_policy(blob: bytes) -> NumpyPolicy:
     return numpy_policy(decode_weights(blob))
 
 
-def _dense_forward(x: np.ndarray, layers: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+def _dense_forward(
+    x: np.ndarray, layers: list[Dense], head: tuple[Dense, Dense] | None = None
+) -> np.ndarray:
     last = len(layers) - 1
     for i, (w_t, b) in enumerate(layers):
         x = x @ w_t
         x += b
-        if i < last:
+        if i < last or head is not None:
             np.maximum(x, 0.0, out=x)
-    return x
+    if head is None:
+        return x
+    (wv, bv), (wa, ba) = head
+    advantage = x @ wa + ba
+    return (x @ wv + bv) + advantage - advantage.mean(axis=1, keepdims=True)
+
+
+def _outputs(layers: list[Dense], head: tuple[Dense, Dense] | None) -> int:
+    return (head[1] if head is not None else layers[-1])[1].shape[0]
+
+
+def _dueling_head(weights: Mapping[str, np.ndarray], features: int) -> tuple[Dense, Dense] | None:
+    """(value, advantage) of a dueling net taking `features` inputs, or None without `value.*`
+    and `advantage.*`; ValueError for half a head or a shape that does not fit."""
+    present = [name for name in ("value", "advantage") if f"{name}.weight" in weights]
+    if not present:
+        return None
+    if len(present) == 1:
+        other = "advantage" if present == ["value"] else "value"
+        raise ValueError(f"{present[0]}.weight without {other}.weight: a dueling head needs both")
+    head = []
+    for name in ("value", "advantage"):
+        w = _floats(weights, f"{name}.weight", 2)
+        b = _floats(weights, f"{name}.bias", 1)
+        if w.shape[1] != features or b.shape[0] != w.shape[0]:
+            raise ValueError(f"{name}: weight {w.shape}, bias {b.shape} do not fit the "
+                             f"{features} outputs of the last linear layer")  # fmt: skip
+        head.append((np.ascontiguousarray(w.T, dtype=np.float32), np.asarray(b, np.float32)))
+    if head[0][1].shape[0] != 1:
+        raise ValueError(f"value.weight: {head[0][0].shape[1]} outputs, a state value is one")
+    return head[0], head[1]
 
 
 def _count(weights: Mapping[str, np.ndarray], group: str) -> int:
@@ -206,13 +249,13 @@ def _count(weights: Mapping[str, np.ndarray], group: str) -> int:
     return count
 
 
-def _dense_layers(weights: Mapping[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+def _dense_layers(weights: Mapping[str, np.ndarray]) -> list[Dense]:
     """(weight transposed, bias) of each `layers.{i}`, checked: finite floats, (out, in) matrices,
     (out,) biases, each taking what the one before gives."""
     count = _count(weights, "layers")
     if count == 0:
         raise ValueError("weights hold no 'layers.0.weight'")
-    layers: list[tuple[np.ndarray, np.ndarray]] = []
+    layers: list[Dense] = []
     for i in range(count):
         w = _floats(weights, f"layers.{i}.weight", 2)
         b = _floats(weights, f"layers.{i}.bias", 1)
@@ -251,10 +294,17 @@ def _ints(weights: Mapping[str, np.ndarray], name: str, size: int, what: str) ->
     return tuple(int(v) for v in a)
 
 
-def _refuse_others(weights: Mapping[str, np.ndarray], convs: int, layers: int) -> None:
+def _refuse_others(
+    weights: Mapping[str, np.ndarray], convs: int, layers: int, dueling: bool = False
+) -> None:
     """ValueError for the first name that is not part of a net of `convs` convolutions and
-    `layers` linear layers (the input's two arrays come with convolutions)."""
+    `layers` linear layers (the input's two arrays come with convolutions; `dueling`: the head's
+    four)."""
     names = {f"layers.{i}.{part}" for i in range(layers) for part in ("weight", "bias")}
+    if dueling:
+        names |= {
+            f"{head}.{part}" for head in ("value", "advantage") for part in ("weight", "bias")
+        }
     if convs:
         names |= {"input.shape", "input.scale"}
         names |= {f"conv.{i}.{part}" for i in range(convs) for part in ("weight", "bias", "stride")}
@@ -266,10 +316,13 @@ def _refuse_others(weights: Mapping[str, np.ndarray], convs: int, layers: int) -
             )
 
 
-def epsilon_greedy(q_values: np.ndarray, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    """Greedy actions, each replaced by a uniform one with probability epsilon."""
+def epsilon_greedy(
+    q_values: np.ndarray, epsilon: float | np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Greedy actions, each replaced by a uniform one with probability epsilon (one for every
+    row, or an array with one per row)."""
     actions = q_values.argmax(axis=1)
-    if epsilon > 0.0:
+    if np.any(np.asarray(epsilon) > 0.0):
         explore = rng.random(len(actions)) < epsilon
         if explore.any():
             actions[explore] = rng.integers(q_values.shape[1], size=int(explore.sum()))

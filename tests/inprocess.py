@@ -202,6 +202,7 @@ class ScriptedWorkers:
         self.silent_evals = False
         self.rng = np.random.default_rng(seed)
         self.tasks: dict[str, int] = {}
+        self.last_behaviour: dict[str, Any] | None = None  # of the newest collect task
 
     def __call__(self, name: str, kwargs: dict[str, Any]) -> None:
         self.tasks[name] = self.tasks.get(name, 0) + 1
@@ -214,6 +215,7 @@ class ScriptedWorkers:
                 "returns": [self.eval_return] * len(kwargs["seeds"]), "worker": "worker-0",
             }))  # fmt: skip
             return
+        self.last_behaviour = kwargs["behaviour"]
         rows, ids = (
             kwargs["num_envs"] * kwargs["steps"],
             range(kwargs["chunk_id"], kwargs["chunk_id"] + kwargs["chunks"]),

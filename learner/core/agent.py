@@ -68,8 +68,9 @@ class Agent:
     learner: Learner
     limiter: RateLimiter  # dispatch asks it whether collection may run further ahead
     publish_every: int  # learner updates between published versions
-    # How workers act on chunks dispatched at an env-step count (pipeline/behaviour.py: ε-greedy
-    # with its ε, categorical), sent in every ChunkRequest.
-    behaviour: Callable[[int], Behaviour]
+    # How workers act on chunks dispatched at an env-step count with a number of actor envs live
+    # (pipeline/behaviour.py: ε-greedy with its ε, a ladder of ε over the actor envs,
+    # categorical), sent in every ChunkRequest.
+    behaviour: Callable[[int, int], Behaviour]
     max_lag_versions: int  # the APS version guard the workers are sent (0: none)
     extra_specs: dict[str, ArraySpec] = field(default_factory=dict)  # arrays beyond transitions

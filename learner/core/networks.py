@@ -38,16 +38,28 @@ def hidden_sizes(text: str, flag: str = "hidden") -> list[int]:
     return sizes
 
 
+def dueling_q(features: torch.Tensor, value: nn.Linear, advantage: nn.Linear) -> torch.Tensor:
+    """Q = V + A - mean(A) from the last layer's outputs after a ReLU (Wang et al. 2016): the
+    mean, not the max, as the paper's stable form."""
+    h = torch.relu(features)
+    a = nn.functional.linear(h, advantage.weight, advantage.bias)
+    return nn.functional.linear(h, value.weight, value.bias) + a - a.mean(dim=1, keepdim=True)
+
+
 class MLP(nn.Module):
     """Linear layers with ReLU between them, from flattened observations to one output per
-    action (Q-values or logits) or to a value."""
+    action (Q-values or logits) or to a value; with `dueling`, the last hidden layer feeds a
+    state value (`value`) and advantages (`advantage`) instead of an output layer."""
 
-    def __init__(self, obs_dim: int, num_outputs: int, hidden: list[int]):
+    def __init__(self, obs_dim: int, num_outputs: int, hidden: list[int], dueling: bool = False):
         super().__init__()
-        sizes = [obs_dim, *hidden, num_outputs]
+        sizes = [obs_dim, *hidden] if dueling else [obs_dim, *hidden, num_outputs]
         self.layers = nn.ModuleList(
             nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)
         )
+        self.dueling = dueling
+        if dueling:  # registered after the layers: their parameters come last, as the contract's
+            self.value, self.advantage = nn.Linear(sizes[-1], 1), nn.Linear(sizes[-1], num_outputs)
         # The same Parameter objects for the net's life: load_state_dict copies into them.
         self._weights_and_biases = [(layer.weight, layer.bias) for layer in self.layers]
 
@@ -64,12 +76,25 @@ class MLP(nn.Module):
                 x = torch.relu(x)
             inputs.append(x)
             x = nn.functional.linear(x, weight, bias)
+        if self.dueling:
+            inputs.append(torch.relu(x))  # the head's input, last
+            x = dueling_q(x, self.value, self.advantage)
         return x, inputs
 
     def backward(self, grad_out: torch.Tensor, inputs: list[torch.Tensor]) -> None:
         """Write d(loss)/d(parameter) into each parameter's `.grad`, given d(loss)/d(outputs)
         and the layer inputs from `forward_keeping_inputs`. The `.grad` tensors must exist."""
         g = grad_out
+        if self.dueling:
+            *inputs, h = inputs
+            # Q_j = V + A_j - mean(A): dQ/dA_j is g_j minus the mean of g, dQ/dV the sum of g.
+            g_a = g - g.mean(dim=1, keepdim=True)
+            g_v = g.sum(dim=1, keepdim=True)
+            torch.mm(g_a.t(), h, out=self.advantage.weight.grad)
+            torch.sum(g_a, 0, out=self.advantage.bias.grad)
+            torch.mm(g_v.t(), h, out=self.value.weight.grad)
+            torch.sum(g_v, 0, out=self.value.bias.grad)
+            g = (g_a.mm(self.advantage.weight) + g_v.mm(self.value.weight)).mul_(h.sign())
         for i in reversed(range(len(inputs))):
             weight, bias = self._weights_and_biases[i]
             torch.mm(g.t(), inputs[i], out=weight.grad)
@@ -80,7 +105,8 @@ class MLP(nn.Module):
                 g = g.mm(weight).mul_(inputs[i].sign())
 
     def get_weights(self) -> dict[str, np.ndarray]:
-        """Numpy copies named `layers.{i}.weight|bias`, the names NumpyMLP reads."""
+        """Numpy copies named `layers.{i}.weight|bias` (and `value.*`, `advantage.*`), the names
+        NumpyMLP reads."""
         return state_arrays(self)
 
 
@@ -132,7 +158,8 @@ class ConvNet(nn.Module):
     """A conv torso (ReLU after each convolution), its linear layers and the output layer, ReLU
     between them, on channel-first observations of any dtype (uint8 frames: cast, then scaled)."""
 
-    def __init__(self, obs_shape: tuple[int, int, int], num_outputs: int, torso: ConvTorso):
+    def __init__(self, obs_shape: tuple[int, int, int], num_outputs: int, torso: ConvTorso,
+                 dueling: bool = False):  # fmt: skip
         super().__init__()
         self.input = ObservationInput(obs_shape, torso.scale)
         c, h, w = obs_shape
@@ -141,10 +168,13 @@ class ConvNet(nn.Module):
             convs.append(Conv(c, out, kernel, stride))
             c, h, w = out, (h - kernel) // stride + 1, (w - kernel) // stride + 1
         self.conv = nn.ModuleList(convs)
-        sizes = [c * h * w, *torso.dense, num_outputs]
+        sizes = [c * h * w, *torso.dense] + ([] if dueling else [num_outputs])
         self.layers = nn.ModuleList(
             nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True)
         )
+        self.dueling = dueling
+        if dueling:
+            self.value, self.advantage = nn.Linear(sizes[-1], 1), nn.Linear(sizes[-1], num_outputs)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.float() * self.input.scale
@@ -155,7 +185,7 @@ class ConvNet(nn.Module):
             if i > 0:
                 x = torch.relu(x)
             x = layer(x)
-        return x
+        return dueling_q(x, self.value, self.advantage) if self.dueling else x
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Numpy copies named `input.*`, `conv.{i}.*` and `layers.{i}.*`, what NumpyConvNet reads."""
@@ -186,16 +216,17 @@ def pick_torso(obs_shape: tuple[int, ...], torso: Torso = "auto") -> str:
 
 
 def build_network(
-    obs_shape: tuple[int, ...], num_outputs: int, torso: Torso, hidden: list[int]
-) -> MLP | ConvNet:
+    obs_shape: tuple[int, ...], num_outputs: int, torso: Torso, hidden: list[int],
+    dueling: bool = False,
+) -> MLP | ConvNet:  # fmt: skip
     """The network for observations of `obs_shape` with `num_outputs` outputs (one per action, or
     1 for a value), on the torso `pick_torso` chooses; `hidden` sizes the MLP's hidden layers (a
-    conv torso has its own linear layer)."""
+    conv torso has its own linear layer); `dueling`: Q-values from a dueling head."""
     kind = pick_torso(obs_shape, torso)
     if kind == "mlp":
-        return MLP(math.prod(obs_shape), num_outputs, hidden)
+        return MLP(math.prod(obs_shape), num_outputs, hidden, dueling)
     c, h, w = obs_shape
-    return ConvNet((c, h, w), num_outputs, CONV_TORSOS[kind])
+    return ConvNet((c, h, w), num_outputs, CONV_TORSOS[kind], dueling)
 
 
 def weighted_layers(net: nn.Module) -> list[nn.Module]:

@@ -11,7 +11,6 @@ from clusterenv.learner.dqn.learning import DQNLearner
 from clusterenv.learner.replay.frames import FrameReplay
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
-from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.spaces import SpaceSpecs
 
 
@@ -44,5 +43,4 @@ def build_dqn(cfg: TrainConfig[DQNConfig], spaces: SpaceSpecs) -> Agent:
         total_steps=cfg.total_steps, save_replay=cfg.checkpoint.checkpoint_replay,
         device=cfg.torch_device(),
     )  # fmt: skip
-    return Agent(learner, limiter, d.publish_every, lambda steps: EpsilonGreedy(d.epsilon(steps)),
-                 cfg.weights.max_lag_versions)  # fmt: skip
+    return Agent(learner, limiter, d.publish_every, d.behaviour, cfg.weights.max_lag_versions)

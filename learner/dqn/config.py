@@ -4,12 +4,13 @@ exploration. Defaults: RL-Zoo's CartPole-v1 settings mapped onto this learner's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 from tyro.conf import arg
 
 from clusterenv.learner.core.networks import Torso, hidden_sizes
 from clusterenv.learner.core.settings import require_positive
+from clusterenv.pipeline.behaviour import Behaviour, EpsilonGreedy, EpsilonLadder
 
 
 def linear(start: float, end: float, steps: int, over: int) -> float:
@@ -41,6 +42,9 @@ class DQNConfig:
     convolutions for channel-first (C, 84, 84) frames, scaled by 1/255; minatar: MinAtar's for
     (C, 10, 10) planes; mlp: --hidden on flattened observations, for any other shape); a conv
     torso has its own linear layer (512, 128) and ignores --hidden"""
+    dueling: bool = False
+    """a dueling head (Wang et al. 2016): Q = V + A - mean(A), a state value and advantages from
+    the torso's last layer, on the learner and in the workers' numpy forward"""
     target_update_every: int = 128
     """gradient steps between target-network copies"""
     max_grad_norm: float = 10.0
@@ -61,6 +65,14 @@ class DQNConfig:
     """final exploration epsilon"""
     eps_decay_steps: int = 8_000
     """env steps over which epsilon decays linearly (RL-Zoo's CartPole: 0.16 of its 50k)"""
+    exploration: Literal["schedule", "ladder"] = "schedule"
+    """schedule: every actor env's ε follows --eps-start to --eps-end over --eps-decay-steps;
+    ladder: Ape-X's, each actor env a fixed ε_i = --ladder-epsilon ** (1 + --ladder-alpha * i /
+    (N - 1)) over the N actor envs (live collecting processes x --envs-per-worker)"""
+    ladder_epsilon: float = 0.4
+    """the ladder's highest ε (Ape-X: 0.4)"""
+    ladder_alpha: float = 7.0
+    """how far down the ladder reaches: its lowest ε is --ladder-epsilon ** (1 + alpha) (Ape-X: 7)"""
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -76,10 +88,18 @@ class DQNConfig:
             raise ValueError(f"--lr-end must be >= 0, got {self.lr_end}")
         if not (0.0 <= self.eps_end <= self.eps_start <= 1.0):
             raise ValueError("need 0 <= --eps-end <= --eps-start <= 1")
+        if not 0.0 <= self.ladder_epsilon <= 1.0 or not self.ladder_alpha >= 0.0:
+            raise ValueError("need 0 <= --ladder-epsilon <= 1 and --ladder-alpha >= 0")
         hidden_sizes(self.hidden)
 
     def epsilon(self, env_steps: int) -> float:
         return linear(self.eps_start, self.eps_end, env_steps, self.eps_decay_steps)
+
+    def behaviour(self, env_steps: int, actor_envs: int) -> Behaviour:
+        """How workers act on a chunk dispatched at `env_steps`, with `actor_envs` actor envs live."""
+        if self.exploration == "ladder":
+            return EpsilonLadder(self.ladder_epsilon, self.ladder_alpha, max(1, actor_envs))
+        return EpsilonGreedy(self.epsilon(env_steps))
 
     def lr_at(self, env_steps: int, total_steps: int) -> float:
         """The learning rate once `env_steps` of the run's `total_steps` are collected."""

@@ -55,8 +55,10 @@ class DQNLearner:
         torch.manual_seed(seed)
         hidden = hidden_sizes(cfg.hidden)
         self.device = device
-        self.q = build_network(obs_shape, num_actions, cfg.torso, hidden).to(device)
-        self.target = build_network(obs_shape, num_actions, cfg.torso, hidden).to(device)
+        self.q = build_network(obs_shape, num_actions, cfg.torso, hidden, cfg.dueling).to(device)
+        self.target = build_network(obs_shape, num_actions, cfg.torso, hidden, cfg.dueling).to(
+            device
+        )
         self.target.load_state_dict(self.q.state_dict())
         self.target.requires_grad_(False)
         self._params = params = list(self.q.parameters())

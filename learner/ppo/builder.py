@@ -36,5 +36,5 @@ def build_ppo(
         half = max(1, p.max_policy_lag // 2)
         guard = min(guard, half) if guard else half
     # Every PPO update is a version: lag in versions is lag in policy updates.
-    return Agent(learner, limiter, 1, lambda steps: Categorical(), guard,
+    return Agent(learner, limiter, 1, lambda steps, actor_envs: Categorical(), guard,
                  {"logp": ArraySpec("<f4", ())})  # fmt: skip

@@ -108,8 +108,9 @@ class Run(RunParts):
             self.accounting.record(arrival)
         self.lost_workers.check()  # a dead worker's chunks leave the quota at once
         pending = self.dispatcher.pending_env_steps
+        actor_envs = self.dispatcher.slots() * self.cfg.collection.envs_per_worker
         self.dispatcher.top_up(
-            self.agent.behaviour(self.accounting.env_steps + pending), self._may_send
+            self.agent.behaviour(self.accounting.env_steps + pending, actor_envs), self._may_send
         )
 
     def _may_send(self, pending: int) -> bool:

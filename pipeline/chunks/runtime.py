@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import redis
 
+from clusterenv.pipeline.behaviour import EnvEpsilons
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.chunks.stream import StreamWriter
@@ -179,13 +180,14 @@ def collect_chunk(
 ) -> dict[str, Any] | None:
     """One chunk with a run's live state: sync check (which also sees a stopped run: None),
     act as the request's behaviour says, write; its summary."""
-    policy = state.weights.sync(req.behaviour)
+    behaviour = req.behaviour.for_actor(state.actor_index, req.num_envs)
+    policy = state.weights.sync(behaviour)
     if policy is None:
         return None
     to_env = state.actor.spaces.action.from_index
 
     def act(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        index, extra = req.behaviour.act(policy(obs), state.rng)
+        index, extra = behaviour.act(policy(obs), state.rng)
         return to_env(index), extra
 
     chunk = state.actor.collect(act, req.steps, req.time_limit_s, stopping)
@@ -207,6 +209,8 @@ def collect_chunk(
         header["env_error"] = chunk.fault.report()
     if chunk.preempted:
         header["preempted"] = True
+    if isinstance(behaviour, EnvEpsilons):  # a ladder: which ε each of this actor's envs had
+        header["epsilons"] = list(behaviour.epsilons)
     # A chunk without a transition (its env failed on the first step) is a header alone.
     nbytes = state.writer.write(header, chunk.arrays if transitions else {})
     summary = {

@@ -11,7 +11,6 @@ import urllib.request
 import uuid
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.cli_runs import (
     CLI,
@@ -21,15 +20,7 @@ from tests.e2e.cli_runs import (
     start_cli,
     wait_watching,
 )
-
-
-def parse(text: str) -> dict[str, float]:
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return samples
+from tests.learner.test_prometheus import samples
 
 
 @pytest.mark.slow
@@ -53,7 +44,7 @@ def test_the_endpoint_is_scraped_and_parsed_while_a_run_trains(tmp_path):
             try:
                 with urllib.request.urlopen(url, timeout=5) as response:
                     assert response.headers["Content-Type"].startswith("text/plain")
-                    scrapes.append(parse(response.read().decode()))
+                    scrapes.append(samples(response.read().decode()))
             except (urllib.error.URLError, ConnectionError) as exc:
                 # The endpoint closes with the run, before the workers are stopped.
                 ended = list(tmp_path.glob("*/summary.json")) or proc.poll() is not None

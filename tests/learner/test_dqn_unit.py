@@ -228,9 +228,11 @@ def autograd_update(learner: DQNLearner, b: dict[str, np.ndarray]) -> None:
 
 @pytest.mark.parametrize("double", [True, False])
 @pytest.mark.parametrize("max_grad_norm", [10.0, 0.05])  # 0.05: every step is clipped
-def test_the_hand_written_step_matches_autograds(double: bool, max_grad_norm: float):
-    hand = make(double=double, max_grad_norm=max_grad_norm, hidden="32,16", target_update_every=3)
-    ref = make(double=double, max_grad_norm=max_grad_norm, hidden="32,16", target_update_every=3)
+@pytest.mark.parametrize("dueling", [False, True])
+def test_the_hand_written_step_matches_autograds(double: bool, max_grad_norm: float, dueling: bool):
+    settings = dict(double=double, max_grad_norm=max_grad_norm, hidden="32,16",
+                    target_update_every=3, dueling=dueling)  # fmt: skip
+    hand, ref = make(**settings), make(**settings)
     for step in range(12):
         b = batch(seed=step, next_scale=3.0, terminated=float(step % 4 == 0))
         hand.update(b)
@@ -241,6 +243,9 @@ def test_the_hand_written_step_matches_autograds(double: bool, max_grad_norm: fl
         torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(hand.q.layers[0].weight.grad, ref.q.layers[0].weight.grad)
     assert not torch.equal(hand.q.layers[0].weight, make(hidden="32,16").q.layers[0].weight)
+    if dueling:  # the head's own gradients, written by hand, too
+        torch.testing.assert_close(hand.q.advantage.weight.grad, ref.q.advantage.weight.grad)
+        torch.testing.assert_close(hand.q.value.bias.grad, ref.q.value.bias.grad)
 
 
 def test_lr_falls_linearly_to_lr_end_over_the_budget_and_stays_there():

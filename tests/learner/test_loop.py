@@ -193,3 +193,13 @@ def test_an_evaluation_nobody_answers_is_given_up_at_its_timeout(tmp_path, caplo
     assert result.env_steps == 16 * CHUNK and result.evals == []
     assert "s; given up" in caplog.text
     assert cluster.send.tasks[EVALUATE_TASK] >= 2  # asked again at the next --eval-every
+
+
+def test_a_ladder_run_sends_a_ladder_over_the_live_actor_envs(tmp_path):
+    cluster = FakeCluster(processes=3)
+    cfg = small()
+    cfg.agent.exploration = "ladder"
+    Run.create(cfg, cluster.factory, run_dir(tmp_path), "run-l").run()
+    envs = cfg.collection.envs_per_worker
+    assert cluster.send.last_behaviour == {"kind": "epsilon_ladder", "epsilon": 0.4, "alpha": 7.0,
+                                           "size": 3 * envs}  # fmt: skip

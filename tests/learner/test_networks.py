@@ -50,9 +50,10 @@ CASES = {  # name: (observation shape, what the rows look like, the torso auto p
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("seed", [0, 1])
-def test_numpy_and_torch_forwards_agree(name: str, seed: int):
+@pytest.mark.parametrize("dueling", [False, True], ids=["plain", "dueling"])
+def test_numpy_and_torch_forwards_agree(name: str, seed: int, dueling: bool):
     shape, kind, cls = CASES[name]
-    net = randomize(build_network(shape, 5, "auto", [32, 16]), seed)
+    net = randomize(build_network(shape, 5, "auto", [32, 16], dueling), seed)
     assert isinstance(net, cls)
     obs = observations(shape, kind, seed=seed)
     with torch.no_grad():
@@ -149,4 +150,37 @@ def test_a_conv_learner_checkpoint_restores_and_clusterenv_eval_acts_with_it(tmp
     obs = observations((6, 10, 10), "planes")
     with torch.no_grad():
         want = other.q(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(policy(obs), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_dueling_head_is_the_contracts_four_names_and_a_half_head_is_refused():
+    w = build_network((4,), 3, "mlp", [8], dueling=True).get_weights()
+    assert set(w) == {"layers.0.weight", "layers.0.bias", "value.weight", "value.bias",
+                      "advantage.weight", "advantage.bias"}  # fmt: skip
+    q = NumpyMLP(w)(observations((4,), "floats"))
+    # Q = V + A - mean(A): the outputs' mean over actions is the state value.
+    h = np.maximum(observations((4,), "floats") @ w["layers.0.weight"].T + w["layers.0.bias"], 0)
+    np.testing.assert_allclose(q.mean(axis=1), (h @ w["value.weight"].T + w["value.bias"])[:, 0],
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    half = {k: v for k, v in w.items() if not k.startswith("value.")}
+    with pytest.raises(ValueError, match="advantage.weight without value.weight"):
+        NumpyMLP(half)
+    wrong = {**w, "value.weight": np.zeros((2, 8), np.float32)}
+    with pytest.raises(ValueError, match="value"):
+        NumpyMLP(wrong)
+    plain = build_network((4,), 3, "mlp", [8]).get_weights()
+    with pytest.raises(ValueError, match="no part of a network"):
+        NumpyMLP({**plain, "value.bias": np.zeros(1, np.float32)})  # no value.weight: stray
+
+
+def test_a_dueling_learners_checkpoint_plays_back_in_clusterenv_eval(tmp_path):
+    replay = ReplayBuffer(4, (4,), np.float32)
+    cfg = DQNConfig(hidden="16", dueling=True)
+    learner = DQNLearner((4,), 2, cfg, replay, RateLimiter(1.0, 1, 0.0), seed=0)
+    path = save_checkpoint(tmp_path, "final", gather({"learner": learner})[0], {})
+    policy = load_checkpoint_policy(path)
+    assert isinstance(policy, NumpyMLP) and policy.head is not None
+    obs = observations((4,), "floats")
+    with torch.no_grad():
+        want = learner.q(torch.from_numpy(obs)).numpy()
     np.testing.assert_allclose(policy(obs), want, rtol=1e-5, atol=1e-6)

@@ -246,7 +246,7 @@ def test_aps_workers_get_a_version_guard_below_the_max_policy_lag():
     cfg = TrainConfig.for_algo("ppo")
     cfg.agent.max_policy_lag = 10
     agent = build_agent(cfg, CARTPOLE, lambda v: 0)
-    assert (agent.behaviour(0), agent.max_lag_versions, agent.publish_every) == (
+    assert (agent.behaviour(0, 8), agent.max_lag_versions, agent.publish_every) == (
         Categorical(),
         5,
         1,
@@ -257,8 +257,12 @@ def test_aps_workers_get_a_version_guard_below_the_max_policy_lag():
     cfg.weights.sync, cfg.weights.max_lag_versions = "on-change", 0  # no APS: no guard to send
     assert build_agent(cfg, CARTPOLE, lambda v: 0).max_lag_versions == 0
     dqn = build_agent(TrainConfig(), CARTPOLE, lambda v: 0)
-    assert (dqn.behaviour(0), dqn.max_lag_versions, dqn.extra_specs) == (EpsilonGreedy(1.0), 0, {})
-    assert dqn.behaviour(10**9) == EpsilonGreedy(TrainConfig().agent.eps_end)
+    assert (dqn.behaviour(0, 8), dqn.max_lag_versions, dqn.extra_specs) == (
+        EpsilonGreedy(1.0),
+        0,
+        {},
+    )
+    assert dqn.behaviour(10**9, 8) == EpsilonGreedy(TrainConfig().agent.eps_end)
 
 
 def test_a_ppo_checkpoint_round_trip_restores_the_networks_and_adam(tmp_path):

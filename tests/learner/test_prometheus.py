@@ -14,14 +14,19 @@ from tests.inprocess import FakeCluster
 from tests.learner.test_loop import CHUNK, run_dir, small
 
 
-def scrape(registry: CollectorRegistry) -> dict[str, float]:
-    """Every sample of the exposition text by name (labels folded into the name)."""
-    samples = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+def samples(text: str) -> dict[str, float]:
+    """Every sample of Prometheus exposition text by name (labels folded into the name), as
+    prometheus_client's own parser reads it."""
+    found = {}
+    for family in text_string_to_metric_families(text):
         for s in family.samples:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return samples
+            found[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return found
+
+
+def scrape(registry: CollectorRegistry) -> dict[str, float]:
+    return samples(generate_latest(registry).decode())
 
 
 class Clock:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from clusterenv.pipeline.cluster.embedded import free_port
+from tests.learner.test_prometheus import samples
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -116,14 +116,9 @@ def scrape_steps(url: str) -> float | None:
     """clusterenv_env_steps_total from the learner's endpoint, or None while it is not serving."""
     try:
         with urllib.request.urlopen(url, timeout=3) as response:
-            text = response.read().decode()
+            return samples(response.read().decode()).get("clusterenv_env_steps_total") or None
     except (OSError, urllib.error.URLError):
         return None
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "clusterenv_env_steps_total" and sample.value > 0:
-                return sample.value
-    return None
 
 
 def test_images_build_and_compose_trains_to_the_learners_exit(tmp_path):

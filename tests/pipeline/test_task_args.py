@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
-from clusterenv.pipeline.behaviour import Categorical, EpsilonGreedy
+from clusterenv.pipeline.behaviour import Categorical, EnvEpsilons, EpsilonGreedy, EpsilonLadder
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.remote_env.messages import ShardSpec
 from clusterenv.pipeline.task_args import TaskArgsError
@@ -45,7 +46,11 @@ def refused(cls, data) -> str:
         (
             ChunkRequest,
             {"behaviour": {"kind": "gaussian", "std": 1.0}},
-            ["ChunkRequest.behaviour.kind", "epsilon_greedy, categorical", "'gaussian'"],
+            [
+                "ChunkRequest.behaviour.kind",
+                "epsilon_greedy, epsilon_ladder, categorical",
+                "'gaussian'",
+            ],
         ),
         (ChunkRequest, {"behaviour": {}}, ["ChunkRequest.behaviour.kind", "None"]),
         (ChunkRequest, {"behaviour": 0.1}, ["ChunkRequest.behaviour", "a JSON object", "float"]),
@@ -135,6 +140,15 @@ def test_round_trip_through_json(args):
         ({"sync": "aps:0.1:value", "behaviour": {"kind": "categorical"}}, "does not apply to"),
         ({"max_lag_versions": -1}, "must be >= 0"),
         ({"sync": "sometimes"}, "unknown sync policy 'sometimes'"),
+        (
+            {"behaviour": {"kind": "epsilon_ladder", "epsilon": 0.4, "alpha": 7.0, "size": 0}},
+            "ChunkRequest.behaviour: size must be >= 1",
+        ),
+        (
+            {"behaviour": {"kind": "epsilon_ladder", "epsilon": 0.4, "alpha": -1.0, "size": 8}},
+            "alpha must be >= 0",
+        ),
+        ({"behaviour": {"kind": "env_epsilons", "epsilons": [0.1]}}, "kind must be one of"),
     ],
 )
 def test_well_typed_but_bad_values_are_refused_by_check(changes, part):
@@ -146,6 +160,10 @@ def test_well_typed_but_bad_values_are_refused_by_check(changes, part):
     [
         (EpsilonGreedy(0.05), {"kind": "epsilon_greedy", "epsilon": 0.05}),
         (Categorical(), {"kind": "categorical"}),
+        (
+            EpsilonLadder(0.4, 7.0, 16),
+            {"kind": "epsilon_ladder", "epsilon": 0.4, "alpha": 7.0, "size": 16},
+        ),
     ],
 )
 def test_behaviour_values_travel_as_one_json_object(behaviour, wire):
@@ -160,3 +178,26 @@ def test_epsilon_is_kept_to_six_decimals():
 
 def test_task_args_errors_are_value_errors():
     assert issubclass(TaskArgsError, ValueError)
+
+
+def test_a_ladder_gives_each_actor_env_apexs_epsilon():
+    ladder = EpsilonLadder(0.4, 7.0, 8)
+    eps = ladder.epsilons(0, 8)
+    np.testing.assert_allclose(eps, [0.4 ** (1 + 7 * i / 7) for i in range(8)])
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4**8)
+    assert (np.diff(eps) < 0).all()
+    # Actor 3 of 3 envs each: envs 9, 10, 11 of the run, slots 1, 2, 3 of a ladder of 8.
+    bound = ladder.for_actor(3, 3)
+    assert bound == ladder.for_actor(3, 3) and isinstance(bound, EnvEpsilons)
+    np.testing.assert_allclose(bound.epsilons, eps[[1, 2, 3]], rtol=1e-5)
+    assert EpsilonGreedy(0.1).for_actor(3, 3) == EpsilonGreedy(0.1)
+
+
+def test_each_env_of_an_actor_explores_at_its_own_epsilon():
+    rng, q = np.random.default_rng(0), np.tile([[0.0, 1.0, 0.0, 0.0]], (3, 1))
+    bound = EnvEpsilons((1.0, 0.2, 0.0))
+    actions = np.stack([bound.act(q, rng)[0] for _ in range(4000)])
+    off_greedy = (actions != 1).mean(axis=0)  # a uniform action is greedy 1 time in 4
+    np.testing.assert_allclose(off_greedy, [0.75, 0.15, 0.0], atol=0.03)
+    with pytest.raises(TypeError, match="for_actor"):
+        EpsilonLadder(0.4, 7.0, 8).act(q, rng)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import redis
 
-from clusterenv.pipeline.behaviour import EpsilonGreedy
+from clusterenv.pipeline.behaviour import EpsilonGreedy, EpsilonLadder
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.runtime import WorkerRuntime
@@ -51,7 +51,11 @@ def reference_rollout(seed: int, steps: int) -> list[tuple]:
     return out
 
 
-def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, per_task=1, timeout_s=30.0):
+GREEDY = EpsilonGreedy(0.0)
+
+
+def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, per_task=1, timeout_s=30.0,
+            behaviour=GREEDY):  # fmt: skip
     """Send one task per `per_task` chunk ids (each task starting at one of `chunk_ids`)."""
     keys = RunKeys(run_id)
     reader = StreamReader(
@@ -59,7 +63,7 @@ def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, per_task=1, 
         keys, CARTPOLE,
     )  # fmt: skip
     for cid in chunk_ids:
-        req = ChunkRequest(run_id, cid, "CartPole-v1", num_envs, steps, seed=5, behaviour=EpsilonGreedy(0.0),
+        req = ChunkRequest(run_id, cid, "CartPole-v1", num_envs, steps, seed=5, behaviour=behaviour,
                            env_kwargs=ENV_KWARGS, chunks=per_task)  # fmt: skip
         celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
     expected = len(chunk_ids) * per_task
@@ -106,6 +110,25 @@ def test_transitions_equal_a_local_rollout_across_chunks_and_episodes(
                 assert (r[1], float(r[2]), bool(r[4]), bool(r[5])) == (e[1], e[2], e[4], e[5])
                 kinds.add("terminated" if e[4] else "truncated" if e[5] else "mid")
     assert kinds == {"terminated", "truncated", "mid"}, kinds
+
+
+def test_each_actor_env_keeps_its_ladder_epsilon_from_chunk_to_chunk(
+    workers, celery_app, client, run_id
+):
+    """Ape-X's ladder over 12 actor envs: a worker process's envs take the ladder's slots from
+    its actor index, the same in every chunk it collects, in both batches of tasks."""
+    RedisWeightSource(client, RunKeys(run_id)).publish(POLICY)
+    ladder = EpsilonLadder(0.4, 7.0, size=12)
+    seen: dict[int, set[tuple[float, ...]]] = defaultdict(set)
+    for batch in (range(0, 8), range(8, 16)):  # two rounds of tasks, apart in time
+        _, got = collect(celery_app, client, run_id, batch, num_envs=3, steps=5, behaviour=ladder)
+        for header, _ in got:
+            seen[header["actor"]].add(tuple(header["epsilons"]))
+    assert len(seen) >= 1
+    for actor, epsilons in seen.items():
+        assert len(epsilons) == 1, f"actor {actor} acted with {epsilons}"
+        (eps,) = epsilons
+        np.testing.assert_allclose(eps, ladder.epsilons(actor * 3, 3), atol=1e-6)  # 6 decimals
 
 
 def test_a_chunk_delivered_twice_is_ingested_once(workers, celery_app, client, run_id):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from clusterenv.pipeline.behaviour import BEHAVIOURS, Categorical, EpsilonGreedy
+from clusterenv.pipeline.behaviour import BEHAVIOURS, Categorical, EpsilonGreedy, EpsilonLadder
 from clusterenv.pipeline.policy import log_softmax
 from clusterenv.pipeline.sync.divergence import behaviour_probs, categorical_kl, kl, tv, value
 
@@ -14,6 +14,7 @@ Q = RNG.normal(size=(256, 3)).astype(np.float32) + 5.0
 # Every measure of every kind, with the kind's parameters (ε-greedy at three ε).
 BEHAVIOURS_AT = {
     "epsilon_greedy": [EpsilonGreedy(0.0), EpsilonGreedy(0.04), EpsilonGreedy(0.5)],
+    "epsilon_ladder": [EpsilonLadder(0.4, 7.0, 8), EpsilonLadder(0.4, 7.0, 8).for_actor(1, 4)],
     "categorical": [Categorical()],
 }
 MEASURES = [(b, name) for kind in BEHAVIOURS for b in BEHAVIOURS_AT[kind] for name in b.DIVERGENCES]
