@@ -80,8 +80,7 @@ class WorkerHeartbeat(bootsteps.StartStopStep):
     def tell_children(self) -> None:
         """Forward the shutdown notice to a prefork pool's child processes (a solo pool has none:
         its one process is this one)."""
-        info = self.pool.info if self.pool is not None else {}
-        for pid in info.get("processes", []) if isinstance(info, dict) else []:
+        for pid in self.pool.info.get("processes", []) if self.pool is not None else []:
             with contextlib.suppress(ProcessLookupError):  # a child that exited meanwhile
                 os.kill(pid, NOTICE_SIGNAL)
 
