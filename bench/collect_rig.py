@@ -28,6 +28,7 @@ import numpy as np
 import psutil
 
 from clusterenv.learner.dqn.builder import replay_for
+from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.pipeline.behaviour import EpsilonGreedy
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
@@ -204,7 +205,7 @@ class Rig:
         keys = RunKeys(f"bench-overhead-{uuid.uuid4().hex[:8]}")
         RedisWeightSource(self.client, keys).publish(weights)
         reader = StreamReader(connect(self.url, blocking=True), keys, self.spaces)
-        replay = replay_for(self.spaces, 100_000)
+        replay = replay_for(self.spaces, DQNConfig(buffer_size=100_000))
         arrivals: list[float] = []
 
         def sink(header: dict[str, Any], a: dict[str, np.ndarray]) -> None:

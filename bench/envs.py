@@ -29,6 +29,19 @@ gym.register("SlowCartPole-v1", entry_point=_slow_cartpole)
 SLOW_CARTPOLE = "bench.envs:SlowCartPole-v1"
 
 
+def _slow_minatar_breakout(delay_s: float = 0.002, **kwargs: Any) -> gym.Env:
+    from clusterenv.pipeline.envs.make import make_env
+
+    # MinAtar's envs are the same in training and evaluation (pipeline/envs/minatar.py).
+    return SlowStep(make_env("MinAtar/Breakout-v1", kwargs, training=True), delay_s)
+
+
+# Issue 30's expensive pixel env. Its id keeps MinAtar's family, so `clusterenv train` takes the
+# MinAtar preset for "bench.envs:MinAtar/SlowBreakout-v1" and SB3 the same settings and torso.
+gym.register("MinAtar/SlowBreakout-v1", entry_point=_slow_minatar_breakout)
+SLOW_MINATAR_BREAKOUT = "bench.envs:MinAtar/SlowBreakout-v1"
+
+
 class SimulatedCrash(RuntimeError):
     """What a Flaky env raises."""
 

@@ -9,8 +9,9 @@ workers send them (pipeline/frames.py). Measured:
   learner/replay/frames.py, already full as mid-run, and the reference pool), then ack;
 - replay: its bytes per transition it can still sample, once filled past its capacity twice;
 - a version of the Nature DQN net (issue 30, item 5): its bytes, the learner's publish (weights and
-  probe) and a worker's fetch and load, and what APS's probes cost on uint8 reference states (the
-  probe's numpy forward on the learner, the reference batch's and the probe's bytes).
+  probe) and a worker's fetch and load, in float32 and as `--weights-dtype float16` publishes it,
+  and what APS's probes cost on uint8 reference states (the probe's numpy forward on the learner,
+  the reference batch's and the probe's bytes).
 Targets (issue 30): ingest >= 50,000 transitions/s; wire and replay <= 7.5 KB per transition.
 """
 
@@ -28,7 +29,7 @@ import numpy as np
 from bench.common import machine, mark_start, median, table, write_results
 from clusterenv.learner.core.networks import build_network
 from clusterenv.learner.replay.frames import FrameReplay
-from clusterenv.learner.run.publisher import ReferencePool
+from clusterenv.learner.run.publisher import ReferencePool, wire_weights
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.cluster.embedded import EmbeddedServer
@@ -111,11 +112,14 @@ def replay_bytes(chunks: list, spaces: Any, capacity: int) -> dict[str, float]:
             "frames_per_transition": replay.frame_count / replay.inserted}  # fmt: skip
 
 
-def version_cost(url: str, chunks: list, spaces: Any, reference_size: int, repeats: int) -> dict:
-    """Bytes and milliseconds of one published version of the Nature DQN net, with its probe on
-    `reference_size` uint8 reference states, and of a worker's fetch and load of it."""
+def version_cost(
+    url: str, chunks: list, spaces: Any, reference_size: int, repeats: int, dtype: str = "float32"
+) -> dict:
+    """Bytes and milliseconds of one published version of the Nature DQN net (as `dtype`:
+    --weights-dtype), with its probe on `reference_size` uint8 reference states, and of a
+    worker's fetch and load of it."""
     net = build_network(spaces.obs.row_shape, spaces.action.n, "auto", [])
-    weights = net.get_weights()
+    weights = wire_weights(net.get_weights(), dtype)
     client, keys = connect(url), RunKeys(f"bench-pixels-{uuid.uuid4().hex[:8]}")
     source = RedisWeightSource(client, keys)
     pool = ReferencePool(reference_pool_rows(reference_size))
@@ -142,6 +146,7 @@ def version_cost(url: str, chunks: list, spaces: Any, reference_size: int, repea
     sizes["weight_bytes"] = len(client.get(keys.weights(version)))
     client.delete(*client.keys(f"{keys.base}:*"))
     return {"parameters": sum(a.size for a in weights.values()), "reference_size": reference_size,
+            "weights_dtype": dtype,
             "reference_ms": reference_ms, **sizes, **{k: median(v) for k, v in times.items()}}  # fmt: skip
 
 
@@ -166,7 +171,8 @@ def main() -> None:
         url = server.start()
         runs = [ingest_rate(url, chunks, spaces, args.stream_chunks, args.capacity)
                 for _ in range(args.repeats)]  # fmt: skip
-        versions = [version_cost(url, chunks, spaces, size, args.repeats) for size in (256, 32)]
+        versions = [version_cost(url, chunks, spaces, size, args.repeats, dtype)
+                    for size, dtype in ((256, "float32"), (32, "float32"), (256, "float16"))]  # fmt: skip
     finally:
         server.stop()
     memory = replay_bytes(chunks, spaces, args.capacity)
@@ -189,11 +195,12 @@ def main() -> None:
     }], ["env", "chunk", "wire B/transition", "replay B/transition", "frame",
          "ingest transitions/s (median)"]))  # fmt: skip
     print(table([{
-        "reference states": v["reference_size"], "version MB": round(v["weight_bytes"] / 1e6, 2),
+        "reference states": v["reference_size"], "weights": v["weights_dtype"],
+        "version MB": round(v["weight_bytes"] / 1e6, 2),
         "publish ms": round(v["publish_ms"], 1), "fetch+load ms": round(v["fetch_load_ms"], 1),
         "probe forward ms": round(v["probe_ms"], 1), "probe B": v["probe_bytes"],
         "reference MB": round(v["reference_bytes"] / 1e6, 2),
-    } for v in versions], ["reference states", "version MB", "publish ms", "fetch+load ms",
+    } for v in versions], ["reference states", "weights", "version MB", "publish ms", "fetch+load ms",
                            "probe forward ms", "probe B", "reference MB"]))  # fmt: skip
     print(f"machine: {machine()}")
     write_results(

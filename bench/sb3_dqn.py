@@ -57,6 +57,24 @@ def hits(evals: list[tuple[int, float, float]], target: float, n: int) -> tuple[
     return first, None
 
 
+def sb3_sac_params_from_preset(env: str) -> dict[str, Any]:
+    """SB3 SAC's arguments for clusterenv's SAC preset of `env`: the same settings in SB3's units
+    (gradient steps per env step from samples per insert; the entropy coefficient tuned from its
+    initial value)."""
+    from clusterenv.learner.tools.presets import defaults_for
+
+    d = defaults_for(env, "sac", use_preset=True).agent
+    hidden = [int(h) for h in d.hidden.split(",")]
+    return {
+        "learning_rate": d.lr, "batch_size": d.batch_size, "buffer_size": d.buffer_size,
+        "learning_starts": d.learning_starts, "gamma": d.gamma, "tau": d.tau, "train_freq": 1,
+        "gradient_steps": round(d.samples_per_insert / d.batch_size),
+        "ent_coef": f"auto_{d.init_alpha}",
+        "target_entropy": "auto" if d.target_entropy is None else d.target_entropy,
+        "policy_kwargs": {"net_arch": hidden},
+    }  # fmt: skip
+
+
 def sb3_params_from_preset(env: str, budget: int) -> dict[str, Any]:
     """SB3 DQN's arguments for clusterenv's DQN preset of `env`, in SB3's units: updates per env
     step from samples per insert, a target copy every so many env steps, epsilon's decay as a
@@ -83,7 +101,7 @@ def sb3_params_from_preset(env: str, budget: int) -> dict[str, Any]:
         "exploration_fraction": min(1.0, d.eps_decay_steps / budget),
         "max_grad_norm": d.max_grad_norm,
     }
-    if env.startswith("MinAtar/"):
+    if env.rpartition(":")[2].startswith("MinAtar/"):
         params["policy_kwargs"] = {"features_extractor_class": minatar_torso(), "net_arch": []}
     return params
 
@@ -115,11 +133,13 @@ def sb3_run(
     trial: Trial,
     threads: int,
     params: dict[str, Any] | None = None,
+    algo: str = "dqn",
 ) -> dict[str, Any]:
-    """SB3 DQN with RL-Zoo's settings (`params`; by default CartPole-v1's, exploration rescaled to
-    the budget), stopped at the first of `solve_evals` evals >= target."""
+    """SB3's DQN (or SAC with `algo` "sac") with RL-Zoo's settings (`params`; by default DQN's
+    CartPole-v1 ones, exploration rescaled to the budget), stopped at the first of `solve_evals`
+    evals >= target."""
     import torch
-    from stable_baselines3 import DQN
+    from stable_baselines3 import DQN, SAC
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
@@ -165,7 +185,8 @@ def sb3_run(
                 1.0, RL_ZOO_CARTPOLE["exploration_fraction"] * RL_ZOO_TIMESTEPS / trial.budget
             )
         }
-    model = DQN("MlpPolicy", train_env, seed=seed, device="cpu", verbose=0, **params)
+    cls = {"dqn": DQN, "sac": SAC}[algo]
+    model = cls("MlpPolicy", train_env, seed=seed, device="cpu", verbose=0, **params)
     cb = SolveCallback()
     cb.t0 = time.perf_counter()
     model.learn(total_timesteps=trial.budget, callback=cb)

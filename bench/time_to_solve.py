@@ -8,7 +8,11 @@ For each seed, `clusterenv train --seed S` runs as a subprocess with default fla
 lucky eval); a run stops at its confirmed hit. Wall time counts training and its evals (SB3: from
 the start of `learn`; clusterenv: the learner's clock, plus the whole process as a third figure).
 `--env bench.envs:SlowCartPole-v1 --env-kwargs '{"delay_s": 0.004}'` is the expensive env: CartPole
-plus a 4 ms sleep per step, evaluated on that env by both systems.
+plus a 4 ms sleep per step, evaluated on that env by both systems. Issue 30's expensive pixel env is
+`--env bench.envs:MinAtar/SlowBreakout-v1 --env-kwargs '{"delay_s": 0.002}' --sb3-params preset`:
+both systems then run clusterenv's MinAtar preset (MinAtar's reference DQN and conv torso).
+`--algo sac --env Pendulum-v1 --target -200` (issue 33) is clusterenv's SAC against SB3's SAC, both
+with clusterenv's SAC preset of the env (RL-Zoo's settings, in SB3's units for SB3).
 SB3 is the optional bench dependency: pip install -e '.[bench]'.
 """
 
@@ -28,7 +32,14 @@ from typing import Any
 import numpy as np
 
 from bench.common import TRAIN, mark_start, median, save_figure, table, write_results
-from bench.sb3_dqn import RL_ZOO_CARTPOLE, Trial, hits, sb3_run
+from bench.sb3_dqn import (
+    RL_ZOO_CARTPOLE,
+    Trial,
+    hits,
+    sb3_params_from_preset,
+    sb3_run,
+    sb3_sac_params_from_preset,
+)
 
 
 def clusterenv_run(
@@ -128,7 +139,9 @@ def workers_of(flags: list[str]) -> int:
     return int(found[-1]) if found else (os.cpu_count() or 1)
 
 
-def plot_vs_workers(systems: dict[str, list[str]], summary: dict[str, Any], path: Path) -> None:
+def plot_vs_workers(
+    systems: dict[str, list[str]], summary: dict[str, Any], path: Path, peer: str = "SB3 DQN"
+) -> None:
     """Median confirmed wall time against local workers, SB3 (one process) as a line."""
     import matplotlib
 
@@ -140,14 +153,14 @@ def plot_vs_workers(systems: dict[str, list[str]], summary: dict[str, Any], path
     )
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([w for w, _ in points], [t for _, t in points], "o-", label="clusterenv (median)")
-    sb3 = summary.get("SB3 DQN", {}).get("median_wall_s")
+    sb3 = summary.get(peer, {}).get("median_wall_s")
     if sb3 is not None:
-        ax.axhline(sb3, color="tab:red", ls="--", label="SB3 DQN, one process (median)")
+        ax.axhline(sb3, color="tab:red", ls="--", label=f"{peer}, one process (median)")
         ax.axhline(0.25 * sb3, color="tab:red", ls=":", alpha=0.6, label="0.25 x SB3")
     ax.set_xscale("log", base=2)
     ax.set_xticks([w for w, _ in points], [str(w) for w, _ in points])
     ax.set_xlabel("local worker processes")
-    ax.set_ylabel("wall time to solve (s)")
+    ax.set_ylabel("wall time to the target return (s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     save_figure(fig, path)
@@ -188,6 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-episodes", type=int, default=10, help="episodes per eval (default: 10)")
     p.add_argument("--sb3-threads", type=int, default=1, help="torch threads for SB3 (default: 1)")
     p.add_argument(
+        "--sb3-params",
+        choices=("rl-zoo-cartpole", "preset"),
+        default="rl-zoo-cartpole",
+        help="SB3's hyperparameters: RL-Zoo's CartPole-v1 ones, or clusterenv's preset of --env "
+        "in SB3's units (default: rl-zoo-cartpole; --algo sac always takes the preset)",
+    )
+    p.add_argument(
+        "--algo",
+        choices=("dqn", "sac"),
+        default="dqn",
+        help="both systems' algorithm: DQN, or SAC (clusterenv's --algo sac against SB3's SAC)",
+    )
+    p.add_argument(
         "--clusterenv-args", default="", help="extra `clusterenv train` flags, e.g. '--workers 1'"
     )
     p.add_argument(
@@ -224,15 +250,26 @@ def main(argv: list[str] | None = None) -> int:
         f"clusterenv {v}": [*args.clusterenv_args.split(), *v.split()] for v in args.variant
     }
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    sb3_params = (
+        sb3_sac_params_from_preset(args.env)
+        if args.algo == "sac"
+        else sb3_params_from_preset(args.env, args.budget)
+        if args.sb3_params == "preset"
+        else None
+    )
+    for flags in systems.values():
+        flags[:0] = ["--algo", args.algo]
+    peer = f"SB3 {args.algo.upper()}"
     if not args.skip_sb3:
-        results["SB3 DQN"] = []
+        results[peer] = []
     for seed in seeds:  # interleaved, so a change in machine load hits every system
         for name, extra in systems.items():
             results[name].append(clusterenv_run(seed, trial, extra=extra, max_wall_s=args.max_wall))
             print(f"seed {seed} {name}: {_fmt_run(results[name][-1])}", flush=True)
         if not args.skip_sb3:
-            results["SB3 DQN"].append(sb3_run(seed, trial, threads=args.sb3_threads))
-            print(f"seed {seed} SB3 DQN: {_fmt_run(results['SB3 DQN'][-1])}", flush=True)
+            sb3 = sb3_run(seed, trial, threads=args.sb3_threads, params=sb3_params, algo=args.algo)
+            results[peer].append(sb3)
+            print(f"seed {seed} {peer}: {_fmt_run(results[peer][-1])}", flush=True)
 
     rows = [
         {
@@ -250,16 +287,16 @@ def main(argv: list[str] | None = None) -> int:
         for name, runs in results.items()
         for r in runs
     ]
-    sb_wall = _solve_figures(results["SB3 DQN"])[0] if not args.skip_sb3 else float("nan")
+    sb_wall = _solve_figures(results[peer])[0] if not args.skip_sb3 else float("nan")
     summary: dict[str, Any] = {}
     medians = []
-    sb_first = _solve_figures(results["SB3 DQN"])[2] if not args.skip_sb3 else float("nan")
+    sb_first = _solve_figures(results[peer])[2] if not args.skip_sb3 else float("nan")
     goal = args.target_ratio
     for name, runs in results.items():
         wall, steps, first_wall, first_steps = _solve_figures(runs)
-        ratio = wall / sb_wall if name != "SB3 DQN" and 0 < sb_wall < float("inf") else None
+        ratio = wall / sb_wall if name != peer and 0 < sb_wall < float("inf") else None
         first_ratio = (
-            first_wall / sb_first if name != "SB3 DQN" and 0 < sb_first < float("inf") else None
+            first_wall / sb_first if name != peer and 0 < sb_first < float("inf") else None
         )
         summary[name] = {
             "median_wall_s": wall,
@@ -280,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 "/ SB3 (confirmed)": ratio,
                 "/ SB3 (first hit)": first_ratio,
                 f"≤{goal:g}": "-"
-                if name == "SB3 DQN"
+                if name == peer
                 else ("yes" if ratio is not None and ratio <= goal else "NO"),
             }
         )
@@ -293,14 +330,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     payload = {
         "args": vars(args) | {"out": str(args.out), "plot": str(args.plot)},
-        "rl_zoo_hyperparameters": RL_ZOO_CARTPOLE,
+        "sb3_hyperparameters": RL_ZOO_CARTPOLE if sb3_params is None else sb3_params,
         "summary": clean,
         "runs": results,
     }
     path = write_results("time_to_solve", payload, args.out)
     print(f"\nwrote {path}")
     if args.plot is not None:
-        plot_vs_workers(systems, clean, args.plot)
+        plot_vs_workers(systems, clean, args.plot, peer)
         print(f"wrote {args.plot}")
     return 0
 

@@ -6,12 +6,19 @@ SB3 through `DQN.train(gradient_steps=N)` (its own training loop, RL-Zoo CartPol
 clusterenv runs as its learner does, with subnormal floats flushed to zero (`configure_torch`);
 SB3 as it ships, and once more with the same flag, so the table says what the flag is worth.
 SB3 is the optional bench dependency: pip install -e '.[bench]'.
+
+Prioritized replay's cost (issue 32): the same update with `--prioritized` (sum-tree sampling,
+importance weights, priorities written back), and the tree's work alone per batch (a stratified
+sample of 64 and its priority update, 100,000 rows), against cpprb's PrioritizedReplayBuffer doing
+the same where cpprb is installed (it is not a dependency: `pip install cpprb` to compare).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +28,7 @@ from bench.common import mark_start, table, write_results
 from bench.sb3_dqn import RL_ZOO_CARTPOLE
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.dqn.learning import DQNLearner
+from clusterenv.learner.replay.priorities import Prioritized
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.learner.run.wiring import configure_torch
@@ -38,17 +46,45 @@ def fake_transitions(rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
-def clusterenv_ms(steps: int, data: dict[str, np.ndarray]) -> float:
-    replay = ReplayBuffer(100_000, (4,), np.float32)
+def clusterenv_ms(steps: int, data: dict[str, np.ndarray], prioritized: bool = False) -> float:
+    cfg = DQNConfig(prioritized=prioritized)
+    sampler = Prioritized(100_000, cfg.priority_alpha, cfg.priority_beta) if prioritized else None
+    replay = ReplayBuffer(100_000, (4,), np.float32, sampler=sampler)
     replay.add(data["obs"], data["action"], data["reward"], data["next_obs"], data["terminated"])
     limiter = RateLimiter(samples_per_insert=1e9, min_size=1, error_buffer=0.0)
     limiter.on_insert(ROWS)
-    learner = DQNLearner((4,), 2, DQNConfig(), replay, limiter, seed=1)
+    learner = DQNLearner((4,), 2, cfg, replay, limiter, seed=1)
     for _ in range(100):
         learner.step()
     t0 = time.perf_counter()
     for _ in range(steps):
         learner.step()
+    return 1e3 * (time.perf_counter() - t0) / steps
+
+
+def tree_ms(steps: int, data: dict[str, np.ndarray]) -> float:
+    """The sum tree's work per batch alone: sample 64 with their weights, write 64 priorities."""
+    sampler, rng = Prioritized(100_000, 0.6, 0.4), np.random.default_rng(1)
+    sampler.inserted(np.arange(100_000))
+    td = np.abs(rng.normal(size=64))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        idx, _weights = sampler.sample(100_000, 64, rng)
+        sampler.update(idx, td)
+    return 1e3 * (time.perf_counter() - t0) / steps
+
+
+def cpprb_ms(steps: int, data: dict[str, np.ndarray]) -> float:
+    """cpprb's prioritized buffer doing the same (its sample also gathers the rows it stores)."""
+    from cpprb import PrioritizedReplayBuffer
+
+    rb = PrioritizedReplayBuffer(100_000, {"obs": {"shape": 4}}, alpha=0.6, eps=1e-6)
+    rb.add(obs=np.zeros((100_000, 4), np.float32))
+    td = np.abs(np.random.default_rng(1).normal(size=64))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        batch = rb.sample(64, beta=0.4)
+        rb.update_priorities(batch["indexes"], td)
     return 1e3 * (time.perf_counter() - t0) / steps
 
 
@@ -87,9 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     data = fake_transitions(np.random.default_rng(0))
     systems = {  # name: (gradient-step timer, subnormals flushed to zero)
         "clusterenv Double DQN": (clusterenv_ms, True),
+        "clusterenv Double DQN, prioritized": (partial(clusterenv_ms, prioritized=True), True),
+        "sum tree alone (batch of 64)": (tree_ms, True),
         "SB3 DQN": (sb3_ms, False),
         "SB3 DQN, subnormals flushed (what-if)": (sb3_ms, True),
     }
+    if importlib.util.find_spec("cpprb") is not None:
+        systems["cpprb prioritized buffer alone (batch of 64)"] = (cpprb_ms, True)
     runs: dict[str, list[float]] = {name: [] for name in systems}
     configure_torch(1)  # the learner's torch; each system then sets the flag its row names
     for _ in range(args.repeats):  # interleaved, so a load change hits all
@@ -103,9 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, ms in runs.items()
     ]  # fmt: skip
     print(table(rows, list(rows[0])))
-    path = write_results(
-        "update_cost", {"args": vars(args) | {"out": str(args.out)}, "runs": runs}, args.out
-    )
+    uniform, prioritized = (float(np.median(runs[f"clusterenv Double DQN{s}"]))
+                            for s in ("", ", prioritized"))  # fmt: skip
+    overhead = prioritized / uniform - 1
+    print(f"\nprioritized replay's overhead: {overhead:+.1%} of an update (issue 32: <= 20%)")
+    payload = {"args": vars(args) | {"out": str(args.out)}, "runs": runs,
+               "prioritized_overhead": overhead}  # fmt: skip
+    path = write_results("update_cost", payload, args.out)
     print(f"\nwrote {path}")
     return 0
 

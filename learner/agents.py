@@ -8,6 +8,7 @@ from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.core.agent import Agent
 from clusterenv.learner.dqn.builder import build_dqn
 from clusterenv.learner.ppo.builder import build_ppo
+from clusterenv.learner.sac.builder import build_sac
 from clusterenv.pipeline.spaces import SpaceSpecs
 
 
@@ -16,4 +17,6 @@ def build_agent(cfg: TrainConfig, spaces: SpaceSpecs, lag_versions: Callable[[in
     `lag_versions(v)`: how many versions the policy version v is behind the newest published one."""
     if cfg.algo == "ppo":
         return build_ppo(cfg, spaces, lag_versions)
+    if cfg.algo == "sac":
+        return build_sac(cfg, spaces)
     return build_dqn(cfg, spaces)

@@ -22,14 +22,15 @@ from tyro.constructors import PrimitiveConstructorSpec
 from clusterenv.learner.core.settings import require_non_negative, require_positive
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.ppo.config import PPOConfig
-from clusterenv.pipeline.behaviour import Behaviour, Categorical, EpsilonGreedy
+from clusterenv.learner.sac.config import SACConfig
+from clusterenv.pipeline.behaviour import Behaviour, Categorical, EpsilonGreedy, SquashedGaussian
 from clusterenv.pipeline.chunks.dispatcher import DispatchConfig
 from clusterenv.pipeline.connect import redact
 from clusterenv.pipeline.sync.rules import DEFAULT_SYNC, parse_sync
 
 # Each agent's config by the name `--algo` gives.
-AGENT_CONFIGS: dict[str, type] = {"dqn": DQNConfig, "ppo": PPOConfig}
-AgentConfig = TypeVar("AgentConfig", DQNConfig, PPOConfig)
+AGENT_CONFIGS: dict[str, type] = {"dqn": DQNConfig, "ppo": PPOConfig, "sac": SACConfig}
+AgentConfig = TypeVar("AgentConfig", DQNConfig, PPOConfig, SACConfig)
 
 
 def _no_constant(name: str) -> float:
@@ -95,6 +96,9 @@ class WeightSyncConfig:
     """seconds a published version (weights, probe, reference) stays on the broker"""
     weights_kept: int = 64
     """published versions kept; older ones are deleted (a worker holding one then fetches)"""
+    weights_dtype: Literal["float32", "float16"] = "float32"
+    """float type of published weights: float16 halves what each fetch moves (the workers act
+    with exactly those weights; the learner keeps training in float32)"""
 
 
 @dataclass
@@ -141,11 +145,13 @@ class TrainConfig(Generic[AgentConfig]):
     """
 
     env: str = "CartPole-v1"
-    """Gymnasium env id (Discrete actions, Box observations)"""
-    algo: Literal["dqn", "ppo"] = "dqn"
+    """Gymnasium env id with Box observations, and Discrete actions (dqn, ppo) or bounded Box
+    ones (ppo, sac)"""
+    algo: Literal["dqn", "ppo", "sac"] = "dqn"
     """dqn: Double DQN from replay, workers act ε-greedily; ppo: PPO on chunks, workers sample
-    their cached policy and send its log-probs (docs/architecture.md, PPO). Each has its own
-    settings (`clusterenv train --algo ALGO --help`)"""
+    their cached policy and send its log-probs (docs/architecture.md, PPO); sac: soft
+    actor-critic from replay on Box actions, workers sample the actor. Each has its own settings
+    (`clusterenv train --algo ALGO --help`)"""
     preset: bool = True
     """start from the entry for --algo on --env in learner/tools/presets.toml when there is one
     (flags override it); --no-preset: the plain defaults below"""
@@ -245,7 +251,13 @@ class TrainConfig(Generic[AgentConfig]):
             raise ValueError(
                 "--checkpoint-replay: PPO learns from fresh chunks and has no replay to keep"
             )
-        parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds, self.policy_kind)
+        self.check_sync()
+
+    def check_sync(self, box_actions: bool = False) -> None:
+        """ValueError naming what is wrong with --sync for how the workers will act (an env with
+        Box actions, once its spaces are known, allows fewer divergences than a Discrete one)."""
+        w = self.weights
+        parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds, self.policy_kind(box_actions))
 
     def chunk_time_limit_s(self) -> float:
         """--chunk-time-limit-s, or its default: two thirds of --lost-after-s."""
@@ -274,10 +286,14 @@ class TrainConfig(Generic[AgentConfig]):
             )
         return device
 
-    @property
-    def policy_kind(self) -> type[Behaviour]:
-        """How workers act (pipeline/behaviour.py): ε-greedy on Q for DQN, sampled logits for PPO."""
-        return Categorical if self.algo == "ppo" else EpsilonGreedy
+    def policy_kind(self, box_actions: bool = False) -> type[Behaviour]:
+        """How workers act (pipeline/behaviour.py): ε-greedy on Q for DQN; for PPO, sampled
+        logits, or a squashed Gaussian on Box actions; for SAC a squashed Gaussian."""
+        if self.algo == "sac":
+            return SquashedGaussian
+        if self.algo != "ppo":
+            return EpsilonGreedy
+        return SquashedGaussian if box_actions else Categorical
 
     def settings(self) -> dict[str, tuple[Any, str]]:
         """Every setting by its flat name (its flag without dashes; names are unique across the

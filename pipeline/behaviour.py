@@ -1,10 +1,10 @@
 """How workers act on a published network's outputs: one small value per policy kind.
 
 A behaviour value travels in every ChunkRequest (JSON: `{"kind": "epsilon_greedy", "epsilon":
-0.05}`, `{"kind": "categorical"}`) and through the sync interfaces. It knows how to act on the
-network's outputs (`act`) and which divergences between two versions' outputs apply to it
-(`DIVERGENCES`, pipeline/sync/divergence.py; the first is the default of `aps:TOL`). A Gaussian
-policy (continuous actions) is one more subclass, registered in BEHAVIOURS.
+0.05}`, `{"kind": "categorical"}`, `{"kind": "squashed_gaussian"}`) and through the sync
+interfaces. It knows how to act on the network's outputs (`act`) and which divergences between two
+versions' outputs apply to it (`DIVERGENCES`, pipeline/sync/divergence.py; the first is the
+default of `aps:TOL`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterenv.pipeline.policy import epsilon_greedy, sample_categorical
+from clusterenv.pipeline.policy import epsilon_greedy, sample_categorical, sample_squashed_gaussian
 from clusterenv.pipeline.sync import divergence
 from clusterenv.pipeline.task_args import TaskArgs, TaskArgsError
 
@@ -183,9 +183,30 @@ class Categorical(Behaviour):
         return self.DIVERGENCES[measure](learner, worker)
 
 
+@dataclass(frozen=True)
+class SquashedGaussian(Behaviour):
+    """A draw from tanh(N(mean, std)) on Box actions (PPO, SAC): values in [-1, 1], which the
+    action spec scales to the bounds. With `record` each row keeps its behaviour log-prob `logp`
+    and its pre-squash sample `pre_squash` (what PPO's learner takes log-probs at; SAC draws its
+    own and sends neither)."""
+
+    record: bool = True
+    kind = "squashed_gaussian"
+    DIVERGENCES = {"kl": divergence.gaussian_kl}
+
+    def act(
+        self, outputs: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        actions, logp, u = sample_squashed_gaussian(outputs, rng)
+        return actions, ({"logp": logp, "pre_squash": u} if self.record else {})
+
+    def divergence(self, measure: str, learner: np.ndarray, worker: np.ndarray) -> float:
+        return self.DIVERGENCES[measure](learner, worker)
+
+
 # The kinds a ChunkRequest may carry (EnvEpsilons is made on the worker, never sent).
 BEHAVIOURS: dict[str, type[Behaviour]] = {
-    b.kind: b for b in (EpsilonGreedy, EpsilonLadder, Categorical)
+    b.kind: b for b in (EpsilonGreedy, EpsilonLadder, Categorical, SquashedGaussian)
 }
 # Every divergence some kind of policy has (a sync spec naming another one is refused as unknown).
 MEASURES: frozenset[str] = frozenset(m for b in BEHAVIOURS.values() for m in b.DIVERGENCES)

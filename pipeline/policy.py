@@ -1,9 +1,10 @@
 """The acting side of a published network: numpy forwards of the weight-name contract, and the
-two ways workers act with them.
+ways workers act with them.
 
 Workers act with numpy, not torch: the worker install has no torch, and for CartPole-sized nets
-numpy is faster per step anyway. The outputs are Q-values (DQN: act ε-greedily) or logits (PPO:
-sample the categorical policy); which one a chunk uses is its behaviour value
+numpy is faster per step anyway. The outputs are Q-values (DQN: act ε-greedily), logits (PPO on
+Discrete actions: sample the categorical policy) or a Gaussian's means and log-stds (PPO on Box
+actions: sample it and squash with tanh); which one a chunk uses is its behaviour value
 (pipeline/behaviour.py).
 
 The weight-name contract, in this one place. A network the workers act with (what the learner's
@@ -346,3 +347,36 @@ def sample_categorical(
     u = rng.random((len(cdf), 1)) * cdf[:, -1:]  # scaled by the row sum: rounding never overshoots
     actions = (cdf <= u).sum(axis=1).clip(max=logp.shape[1] - 1)
     return actions.astype(np.int64), logp[np.arange(len(actions)), actions].astype(np.float32)
+
+
+# A squashed Gaussian's log-std range (SAC's): wide enough for a sure policy, finite for a new one.
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+def gaussian_params(outputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A Gaussian policy's outputs (2d per row: d means, then d log-stds) as (mean, log_std),
+    the log-stds clipped to [LOG_STD_MIN, LOG_STD_MAX] (the learner clips the same way)."""
+    d = outputs.shape[1] // 2
+    return outputs[:, :d], np.clip(outputs[:, d:], LOG_STD_MIN, LOG_STD_MAX)
+
+
+def squash_log_det(u: np.ndarray) -> np.ndarray:
+    """log |d tanh(u) / du| = log(1 - tanh(u)^2), summed over a row's dimensions, in the form
+    that stays finite for large |u|: 2 (log 2 - u - softplus(-2u))."""
+    return (2.0 * (math.log(2.0) - u - np.logaddexp(0.0, -2.0 * u))).sum(axis=1)
+
+
+def sample_squashed_gaussian(
+    outputs: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One action per row from tanh(N(mean, std)): the squashed values in [-1, 1], their
+    log-probability (the Gaussian's at the pre-squash sample u, less the squash's log-det; the
+    affine scaling to the env's bounds is left out: a constant that cancels in every ratio), and
+    u itself (what PPO's learner takes its log-probs at: atanh of a float32 action near +-1
+    would not give it back)."""
+    mean, log_std = gaussian_params(outputs.astype(np.float64))
+    noise = rng.standard_normal(mean.shape)
+    u = mean + np.exp(log_std) * noise
+    logp = (-0.5 * noise**2 - log_std - 0.5 * LOG_2PI).sum(axis=1) - squash_log_det(u)
+    return np.tanh(u), logp.astype(np.float32), u.astype(np.float32)

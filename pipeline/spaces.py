@@ -7,7 +7,8 @@
   `SpaceSpecs.of(observation_space, action_space)` is what the worker's actor buffers, what the
   learner's stream reader expects and range-checks, and how reference states are stored and read.
   An observation keeps its own dtype and shape (a uint8 84x84x4 frame stays uint8 of that shape);
-  an action spec is keyed off the action space (Discrete today; a Box spec is one more class).
+  an action spec is keyed off the action space: an int64 index of a Discrete space, float32
+  values of a bounded Box space (a squashed policy's outputs scaled to the bounds).
 """
 
 from __future__ import annotations
@@ -109,12 +110,19 @@ class ActionSpec(Protocol):
 
     array: ArraySpec
 
+    @property
+    def outputs(self) -> int:
+        """How many outputs a network acting on this space has (Q-values or logits: one per
+        action; a Gaussian policy: d means and d log-stds)."""
+        ...
+
     def problem(self, actions: np.ndarray) -> str | None:
         """Why a column of actions (of `array`'s dtype and shape) does not fit; None if it does."""
         ...
 
     def from_index(self, index: np.ndarray) -> np.ndarray:
-        """The env's actions for a batch of output indices chosen by a discrete behaviour."""
+        """The env's actions for what a behaviour chose: output indices (Discrete), or values in
+        [-1, 1] (Box)."""
         ...
 
     def greedy(self, outputs: np.ndarray) -> np.ndarray:
@@ -131,6 +139,10 @@ class DiscreteActions:
     start: int = 0
     array: ClassVar[ArraySpec] = ArraySpec("<i8", ())
 
+    @property
+    def outputs(self) -> int:
+        return self.n
+
     def problem(self, actions: np.ndarray) -> str | None:
         if actions.size and (actions.min() < self.start or actions.max() >= self.start + self.n):
             return f"action outside [{self.start}, {self.start + self.n})"
@@ -143,11 +155,64 @@ class DiscreteActions:
         return self.from_index(outputs.argmax(axis=1))
 
 
+@dataclass(frozen=True)
+class BoxActions:
+    """A bounded Box action: float32 values of the space's shape within [low, high]. A policy
+    chooses values in [-1, 1] (a tanh-squashed Gaussian: pipeline/policy.py), scaled here to the
+    bounds; the greedy action is the squashed mean."""
+
+    low: tuple[float, ...]
+    high: tuple[float, ...]
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, space: gym.spaces.Box) -> BoxActions:
+        if not (space.is_bounded("both") and np.issubdtype(space.dtype, np.floating)):
+            raise ValueError(f"chunks carry float Box actions with finite bounds, not {space}")
+        return cls(tuple(space.low.ravel().tolist()), tuple(space.high.ravel().tolist()),
+                   tuple(space.shape))  # fmt: skip
+
+    @property
+    def array(self) -> ArraySpec:
+        return ArraySpec("<f4", self.shape)
+
+    @property
+    def dim(self) -> int:
+        """Values in one action: the policy's Gaussian has this many dimensions."""
+        return len(self.low)
+
+    @property
+    def outputs(self) -> int:
+        return 2 * self.dim
+
+    def problem(self, actions: np.ndarray) -> str | None:
+        flat = actions.reshape(len(actions), -1)
+        if not np.isfinite(flat).all():
+            return "action is NaN or infinite"
+        if (flat < np.array(self.low, np.float32)).any() or (
+            flat > np.array(self.high, np.float32)
+        ).any():
+            return f"action outside the Box bounds [{min(self.low)}, {max(self.high)}]"
+        return None
+
+    def from_index(self, index: np.ndarray) -> np.ndarray:
+        low, high = np.array(self.low), np.array(self.high)
+        scaled = low + (np.asarray(index, np.float64) + 1.0) * 0.5 * (high - low)
+        # Clipped after the cast: float32 rounding must not step over a bound.
+        out = np.clip(scaled.astype(np.float32), low.astype(np.float32), high.astype(np.float32))
+        return out.reshape(len(out), *self.shape)
+
+    def greedy(self, outputs: np.ndarray) -> np.ndarray:
+        return self.from_index(np.tanh(outputs[:, : self.dim]))
+
+
 def action_spec(space: gym.Space) -> ActionSpec:
-    """The spec of one action of `space`; ValueError naming a space chunks cannot carry yet."""
+    """The spec of one action of `space`; ValueError naming a space chunks cannot carry."""
     if isinstance(space, gym.spaces.Discrete):
         return DiscreteActions(int(space.n), int(space.start))
-    raise ValueError(f"chunks carry Discrete actions, not {space}")
+    if isinstance(space, gym.spaces.Box):
+        return BoxActions.of(space)
+    raise ValueError(f"chunks carry Discrete or Box actions, not {space}")
 
 
 @dataclass(frozen=True)

@@ -9,25 +9,39 @@ import gymnasium as gym
 from clusterenv.pipeline.envs import make_env
 from clusterenv.pipeline.spaces import SpaceSpecs, stack_depth
 
+# The action spaces each agent trains on.
+ACTION_SPACES: dict[str, tuple[type[gym.Space], ...]] = {
+    "dqn": (gym.spaces.Discrete,),
+    "ppo": (gym.spaces.Discrete, gym.spaces.Box),
+    "sac": (gym.spaces.Box,),
+}
 
-def env_spaces(env_id: str, env_kwargs: dict[str, Any]) -> tuple[SpaceSpecs, float | None]:
+
+def env_spaces(
+    env_id: str, env_kwargs: dict[str, Any], algo: str = "dqn"
+) -> tuple[SpaceSpecs, float | None]:
     """The env's observation and action specs as chunks carry them (a stack of frames noted as
-    such) and its reward threshold; ValueError if no agent here can train on them (DQN and PPO
-    take Discrete actions numbered from 0 and Box observations)."""
+    such) and its reward threshold; ValueError if `algo` cannot train on them (every agent takes
+    Box observations; ACTION_SPACES says which actions; Discrete ones numbered from 0, Box ones
+    bounded)."""
     try:
         env = make_env(env_id, env_kwargs, training=True)
     except gym.error.Error as exc:
         raise ValueError(f"--env {env_id!r}: {exc}") from None
     except TypeError as exc:
-        raise ValueError(f"--env-kwargs for {env_id!r}: {exc}") from None
+        raise ValueError(f"--env {env_id!r}: {exc}") from None
     try:
         obs_space, act_space = env.observation_space, env.action_space
-        if not isinstance(act_space, gym.spaces.Discrete):
+        takes = ACTION_SPACES[algo]
+        if not isinstance(act_space, takes):
+            kinds = " or ".join(kind.__name__ for kind in takes)
+            other = [a for a, t in ACTION_SPACES.items() if isinstance(act_space, t)]
+            also = f" (--algo {' or '.join(other)} trains those)" if other else ""
             raise ValueError(
-                f"--env {env_id!r}: the agents (dqn, ppo) need a Discrete action space, "
-                f"not {act_space}"
+                f"--env {env_id!r}: --algo {algo} needs a {kinds} action space, not "
+                f"{act_space}{also}"
             )
-        if int(act_space.start) != 0:
+        if isinstance(act_space, gym.spaces.Discrete) and int(act_space.start) != 0:
             # The agents index their outputs by the action itself (Q-values, logits).
             raise ValueError(f"--env {env_id!r}: the agents need Discrete actions numbered from "
                              f"0, not {act_space}")  # fmt: skip

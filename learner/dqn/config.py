@@ -59,6 +59,15 @@ class DQNConfig:
     """transitions in replay before the first update"""
     samples_per_insert: float = 32.0
     """sampled transitions per inserted one (128 updates x 64 per 256 env steps = 32)"""
+    prioritized: bool = False
+    """prioritized replay (Schaul et al. 2016, proportional): rows drawn in proportion to
+    (|TD error| + 1e-6) ** --priority-alpha, a new row at the largest priority so far (Rainbow),
+    importance weights in the loss (learner/replay/priorities.py)"""
+    priority_alpha: float = 0.6
+    """how much priorities count (0: uniform; the paper's 0.6)"""
+    priority_beta: float = 0.4
+    """the importance weights' exponent at the start, raised linearly to 1 at --total-steps (the
+    paper's 0.4)"""
     eps_start: float = 1.0
     """initial exploration epsilon"""
     eps_end: float = 0.04
@@ -90,6 +99,8 @@ class DQNConfig:
             raise ValueError("need 0 <= --eps-end <= --eps-start <= 1")
         if not 0.0 <= self.ladder_epsilon <= 1.0 or not self.ladder_alpha >= 0.0:
             raise ValueError("need 0 <= --ladder-epsilon <= 1 and --ladder-alpha >= 0")
+        if not 0.0 <= self.priority_alpha <= 1.0 or not 0.0 <= self.priority_beta <= 1.0:
+            raise ValueError("need 0 <= --priority-alpha <= 1 and 0 <= --priority-beta <= 1")
         hidden_sizes(self.hidden)
 
     def epsilon(self, env_steps: int) -> float:
@@ -100,6 +111,10 @@ class DQNConfig:
         if self.exploration == "ladder":
             return EpsilonLadder(self.ladder_epsilon, self.ladder_alpha, max(1, actor_envs))
         return EpsilonGreedy(self.epsilon(env_steps))
+
+    def beta_at(self, env_steps: int, total_steps: int) -> float:
+        """Prioritized replay's importance-weight exponent once `env_steps` are collected."""
+        return linear(self.priority_beta, 1.0, env_steps, total_steps)
 
     def lr_at(self, env_steps: int, total_steps: int) -> float:
         """The learning rate once `env_steps` of the run's `total_steps` are collected."""

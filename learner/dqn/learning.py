@@ -29,7 +29,9 @@ from clusterenv.learner.core.networks import (
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.dqn.n_step import n_step_returns
 from clusterenv.learner.replay.frames import FrameReplay
+from clusterenv.learner.replay.priorities import Prioritized
 from clusterenv.learner.replay.rate_limiter import RateLimiter
+from clusterenv.learner.replay.saved import restore_replay, save_replay
 from clusterenv.learner.replay.uniform import ReplayBuffer
 
 
@@ -74,6 +76,7 @@ class DQNLearner:
         self.rng = np.random.default_rng(seed)
         self.updates = 0
         self.last_loss = float("nan")
+        self.last_td_errors = torch.zeros(0)
         # Every parameter's .grad is a view into one flat buffer: `backward` writes into it and
         # gradient clipping is then one norm over one tensor.
         self._grads = torch.zeros(sum(p.numel() for p in params), device=device)
@@ -97,12 +100,16 @@ class DQNLearner:
             return False
         batch = self.replay.sample(self.cfg.batch_size, self.rng)
         self.update(batch)
+        if self.cfg.prioritized:  # (a uniform run skips the copy back from the device)
+            self.replay.update_priorities(batch, self.last_td_errors.cpu().numpy())
         self.limiter.on_sample(self.cfg.batch_size)
         return True
 
     @torch.no_grad()
     def update(self, batch: Mapping[str, np.ndarray]) -> float:
-        """One Double-DQN gradient step on `batch`; returns the Huber TD loss before the step."""
+        """One Double-DQN gradient step on `batch` (each row's loss scaled by its importance
+        `weight`, where prioritized replay gives one); returns the Huber TD loss before the step
+        and keeps the TD errors in `last_td_errors`."""
         obs, next_obs, action, reward, terminated, n_steps = (
             torch.from_numpy(batch[name]).to(self.device)
             for name in ("obs", "next_obs", "action", "reward", "terminated", "n_steps")
@@ -132,8 +139,11 @@ class DQNLearner:
         td_target = reward + discount * (1.0 - terminated) * next_q
         td_error = q.gather(1, action).squeeze(1) - td_target
         # The mean Huber loss's gradient: the TD error clipped to [-1, 1], over the batch, on
-        # the action taken and zero on the others.
-        grad_q = torch.zeros_like(q).scatter_(1, action, td_error.clamp(-1, 1).div_(n)[:, None])
+        # the action taken and zero on the others; times each row's importance weight.
+        grad_td = td_error.clamp(-1, 1).div_(n)
+        if "weight" in batch:
+            grad_td.mul_(torch.from_numpy(batch["weight"]).to(self.device))
+        grad_q = torch.zeros_like(q).scatter_(1, action, grad_td[:, None])
         if isinstance(self.q, MLP):
             self.q.backward(grad_q, inputs)
         else:  # into the .grad views of the one buffer, as MLP.backward writes
@@ -148,6 +158,7 @@ class DQNLearner:
         if self.updates % self.cfg.target_update_every == 0:
             self.target.load_state_dict(self.q.state_dict())
         self.last_loss = float(nn.functional.huber_loss(td_error, torch.zeros_like(td_error)))
+        self.last_td_errors = td_error
         return self.last_loss
 
     def _adam_step(self) -> None:
@@ -167,6 +178,8 @@ class DQNLearner:
     def collected(self, env_steps: int) -> None:
         """Set Adam's learning rate for the env steps collected so far (--lr-end's schedule)."""
         self.optimizer.param_groups[0]["lr"] = self.cfg.lr_at(env_steps, self.total_steps)
+        if isinstance(self.replay.sampler, Prioritized):
+            self.replay.sampler.beta = self.cfg.beta_at(env_steps, self.total_steps)
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.q.get_weights()
@@ -181,23 +194,14 @@ class DQNLearner:
         arrays, values = save_training(self, self.networks())
         values["replay"] = None
         if self.save_replay:
-            rows, values["replay"] = self.replay.save()
-            arrays.update({f"replay.{k}": v for k, v in rows.items()})
-            # Replay's own count, taken with its rows: the ingest thread may have counted a chunk
-            # in the limiter but not yet in replay.
-            values["limiter"] = {**self.limiter.save()[1], "inserts": values["replay"]["inserted"]}
+            save_replay(self.replay, self.limiter, arrays, values)
         return arrays, values
 
     def restore(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
         """Take back what `save` returned. Without replay the limiter starts afresh too: no
         update until --learning-starts rows arrived."""
         restore_training(self, self.networks(), arrays, values)
-        if values["replay"] is not None:
-            rows = {
-                k.removeprefix("replay."): v for k, v in arrays.items() if k.startswith("replay.")
-            }
-            self.replay.restore(rows, values["replay"])
-            self.limiter.restore({}, values["limiter"])
+        restore_replay(self.replay, self.limiter, arrays, values)
 
     def networks(self) -> dict[str, nn.Module]:
         """The networks by the prefix their parameters carry in checkpoints (`q.` is what

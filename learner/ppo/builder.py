@@ -6,12 +6,13 @@ from collections.abc import Callable
 
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.core.agent import Agent
+from clusterenv.learner.core.policies import CategoricalPolicy, SquashedGaussianPolicy
 from clusterenv.learner.ppo.config import PPOConfig
 from clusterenv.learner.ppo.learning import PPOLearner
 from clusterenv.learner.replay.rate_limiter import RateLimiter
-from clusterenv.pipeline.behaviour import Categorical
+from clusterenv.pipeline.behaviour import Behaviour, Categorical, SquashedGaussian
 from clusterenv.pipeline.codec import ArraySpec
-from clusterenv.pipeline.spaces import SpaceSpecs
+from clusterenv.pipeline.spaces import BoxActions, SpaceSpecs
 
 
 def build_ppo(
@@ -26,7 +27,16 @@ def build_ppo(
     limiter = RateLimiter(
         1.0, 0, p.batch_steps + max(chunk * cfg.collection.error_buffer_chunks, task)
     )
-    learner = PPOLearner(spaces.obs.row_shape, spaces.action.n, p, limiter, lag_versions,
+    # Discrete actions: a categorical policy, each row's behaviour log-prob sent with it; Box
+    # actions: a squashed Gaussian, its pre-squash sample sent too (learner/ppo/loss.py).
+    extra = {"logp": ArraySpec("<f4", ())}
+    behaviour: Behaviour
+    if isinstance(spaces.action, BoxActions):
+        policy, behaviour = SquashedGaussianPolicy(spaces.action.dim), SquashedGaussian()
+        extra["pre_squash"] = ArraySpec("<f4", (spaces.action.dim,))
+    else:
+        policy, behaviour = CategoricalPolicy(spaces.action.n), Categorical()
+    learner = PPOLearner(spaces.obs.row_shape, policy, p, limiter, lag_versions,
                          seed=cfg.seed, device=cfg.torch_device())  # fmt: skip
     # An APS worker whose policy the learner would drop must fetch, or the run stalls: the
     # dropped chunks stop learning, so the divergence that would trigger the fetch never grows.
@@ -36,5 +46,4 @@ def build_ppo(
         half = max(1, p.max_policy_lag // 2)
         guard = min(guard, half) if guard else half
     # Every PPO update is a version: lag in versions is lag in policy updates.
-    return Agent(learner, limiter, 1, lambda steps, actor_envs: Categorical(), guard,
-                 {"logp": ArraySpec("<f4", ())})  # fmt: skip
+    return Agent(learner, limiter, 1, lambda steps, actor_envs: behaviour, guard, extra)

@@ -41,8 +41,9 @@ from clusterenv.learner.core.networks import (
     save_training,
     weighted_layers,
 )
+from clusterenv.learner.core.policies import Policy
 from clusterenv.learner.ppo.config import PPOConfig
-from clusterenv.learner.ppo.loss import LossParts, gae, log_probs, ppo_loss, truncated_ratio
+from clusterenv.learner.ppo.loss import LossParts, gae, ppo_loss, truncated_ratio
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.pipeline.frames import expand
 
@@ -64,7 +65,7 @@ class QueuedChunk:
     arrays: dict[str, np.ndarray]
 
 
-# What `_prepare` reads of each queued chunk.
+# What `_prepare` reads of each queued chunk (and the policy's column: `Policy.column`).
 _BATCH_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated", "env_index",
                   "logp")  # fmt: skip
 
@@ -76,19 +77,20 @@ class PPOLearner:
     def __init__(
         self,
         obs_shape: tuple[int, ...],
-        num_actions: int,
+        policy: Policy,
         cfg: PPOConfig,
         limiter: RateLimiter,
         lag_of: Callable[[int], int],
         seed: int,
         device: torch.device = CPU,
     ):
-        """`device`: where the networks and updates run (a batch is moved there whole)."""
+        """`policy`: categorical (logits out) or squashed Gaussian (means and log-stds out);
+        `device`: where the networks and updates run (a batch is moved there whole)."""
         torch.manual_seed(seed)
         hidden = hidden_sizes(cfg.hidden)
-        self.device = device
-        # What the workers' numpy forward mirrors; here its outputs are logits / a value.
-        self.actor = _init(build_network(obs_shape, num_actions, cfg.torso, hidden), 0.01).to(
+        self.device, self.policy = device, policy
+        # What the workers' numpy forward mirrors; here its outputs are the policy's / a value.
+        self.actor = _init(build_network(obs_shape, policy.outputs, cfg.torso, hidden), 0.01).to(
             device
         )
         self.critic = _init(build_network(obs_shape, 1, cfg.torso, hidden), 1.0).to(device)
@@ -142,7 +144,8 @@ class PPOLearner:
     def _prepare(self, batch: list[QueuedChunk]) -> dict[str, torch.Tensor]:
         """Rows of the batch with values (current critic), the learner's log-probs (decoupled
         PPO's clip centre, V-trace's target policy), advantages and returns."""
-        a = {k: np.concatenate([c.arrays[k] for c in batch]) for k in _BATCH_COLUMNS}
+        column = self.policy.column
+        a = {k: np.concatenate([c.arrays[k] for c in batch]) for k in {*_BATCH_COLUMNS, column}}
         rows = len(a["action"])
 
         def tensor(array: np.ndarray) -> torch.Tensor:
@@ -153,13 +156,13 @@ class PPOLearner:
 
         # Observations stay as the env made them (uint8 frames: a quarter of float32's bytes)
         # until a network takes them (`_forward`).
-        out = {"action": tensor(a["action"]), "logp": tensor(a["logp"]).float(),
+        out = {column: tensor(a[column]), "logp": tensor(a["logp"]).float(),
                "obs": tensor(a["obs"])}  # fmt: skip
         with torch.no_grad():  # one forward of each network over the whole batch
             value = numpy(self._forward(self.critic, out["obs"]).squeeze(1))
             next_value = numpy(self._forward(self.critic, tensor(a["next_obs"])).squeeze(1))
-            logits = self._forward(self.actor, out["obs"])
-            out["logp_learner"] = log_probs(logits, out["action"])[1]
+            outputs = self._forward(self.actor, out["obs"])
+            out["logp_learner"] = self.policy.log_prob(outputs, out[column])
         rho = None
         if self.cfg.advantages == "vtrace":
             rho = numpy(truncated_ratio(out["logp_learner"], out["logp"]))
@@ -188,14 +191,14 @@ class PPOLearner:
         if batch is None:
             return False
         data = self._prepare(batch)
-        rows = len(data["action"])
+        rows = len(data["logp"])
         for _ in range(self.cfg.update_epochs):
             for idx in np.array_split(self.rng.permutation(rows), self.cfg.num_minibatches):
                 index = torch.as_tensor(idx, device=self.device)
                 mb = {k: v[index] for k, v in data.items()}
                 parts = ppo_loss(
                     self._forward(self.actor, mb["obs"]),
-                    self._forward(self.critic, mb["obs"]).squeeze(1), mb, self.cfg,
+                    self._forward(self.critic, mb["obs"]).squeeze(1), mb, self.cfg, self.policy,
                 )  # fmt: skip
                 self.optimizer.zero_grad(set_to_none=True)
                 parts.loss.backward()

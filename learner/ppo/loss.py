@@ -1,5 +1,6 @@
 """PPO's mathematics on chunks: GAE (or V-trace's cut traces) per actor env inside a chunk, and
-the clipped surrogate corrected by the workers' behaviour log-probs (decoupled PPO).
+the clipped surrogate corrected by the workers' behaviour log-probs (decoupled PPO), for either
+kind of policy (learner/core/policies.py).
 
 docs/architecture.md (PPO on chunks) says why the clip is centred on the learner's policy.
 """
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from clusterenv.learner.core.policies import Policy
 from clusterenv.learner.ppo.config import PPOConfig
 
 
@@ -62,12 +64,6 @@ class LossParts:
     clipfrac: float
 
 
-def log_probs(logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """log π(·|s) for every action, and log π(a|s) of the actions taken."""
-    logp_all = torch.log_softmax(logits, dim=1)
-    return logp_all, logp_all.gather(1, action.unsqueeze(1)).squeeze(1)
-
-
 def truncated_ratio(logp_learner: torch.Tensor, logp_behaviour: torch.Tensor) -> torch.Tensor:
     """min(1, π_learner(a|s) / π_behaviour(a|s)) per row: IMPALA's ρ̄ = 1, the correction for a
     row sampled by a stale policy (the decoupled loss's row weight, V-trace's trace cut)."""
@@ -75,10 +71,11 @@ def truncated_ratio(logp_learner: torch.Tensor, logp_behaviour: torch.Tensor) ->
 
 
 def ppo_loss(
-    logits: torch.Tensor,
+    outputs: torch.Tensor,
     values: torch.Tensor,
     mb: dict[str, torch.Tensor],
     cfg: PPOConfig,
+    policy: Policy,
 ) -> LossParts:
     """CleanRL's loss on chunks that may be stale.
 
@@ -89,7 +86,7 @@ def ppo_loss(
     this update moves the learner, whatever the chunk's lag. `"behaviour"`: the ratio against
     `mb["logp"]` (APPO), so the clip bounds the move from the policy that collected the chunk.
     With no lag the two centres are the same policy and so are the losses."""
-    logp_all, logp = log_probs(logits, mb["action"])
+    logp = policy.log_prob(outputs, mb[policy.column])
     decoupled = cfg.clip_center == "learner"
     log_ratio = logp - (mb["logp_learner"] if decoupled else mb["logp"])
     ratio = log_ratio.exp()
@@ -107,7 +104,7 @@ def ppo_loss(
         )
     else:
         v_loss = 0.5 * ((values - mb["returns"]) ** 2).mean()
-    entropy = -(logp_all.exp() * logp_all).sum(dim=1).mean()
+    entropy = policy.entropy(outputs).mean()
     loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
     with torch.no_grad():
         approx_kl = float(((ratio - 1) - log_ratio).mean())

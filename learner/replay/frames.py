@@ -1,4 +1,4 @@
-"""Uniform replay of stacked-frame transitions with each frame stored once (Atari: a 4-frame
+"""Replay of stacked-frame transitions with each frame stored once (Atari: a 4-frame
 observation and its successor share 3 frames; storing obs and next_obs would hold each frame 8
 times).
 
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from clusterenv.learner.replay.priorities import Rows, Sampler, Uniform
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.frames import FRAMES, NEXT_FRAMES, OBS_FRAMES
 
@@ -32,10 +33,20 @@ RESAMPLES = 8
 
 
 class FrameReplay:
-    """Uniform replay over (stacked obs, action, reward, stacked next obs, terminated, n_steps)."""
+    """Replay over (stacked obs, action, reward, stacked next obs, terminated, n_steps), drawn by
+    `sampler` (uniformly by default)."""
 
-    def __init__(self, capacity: int, stack: int, frame: ArraySpec, action: ArraySpec):
+    def __init__(
+        self,
+        capacity: int,
+        stack: int,
+        frame: ArraySpec,
+        action: ArraySpec,
+        sampler: Sampler | None = None,
+    ):
         self.capacity, self.stack = capacity, stack
+        self.sampler = sampler or Uniform()
+        self.rows = Rows(capacity)
         self.frame_capacity = int(capacity * FRAME_SLACK) + 64 * stack
         self.frames = np.zeros((self.frame_capacity, *frame.row_shape), np.dtype(frame.dtype))
         self.frame_count = 0  # frames ever stored: the next frame's serial
@@ -72,6 +83,7 @@ class FrameReplay:
             self.reward[idx] = arrays["reward"]
             self.terminated[idx] = arrays["terminated"]
             self.n_steps[idx] = arrays.get("n_steps", 1)
+            self.rows.written(idx, self.inserted, self.sampler)
             self.pos = int((self.pos + n) % self.capacity)
             self.size = min(self.capacity, self.size + n)
             self.inserted += n
@@ -83,15 +95,20 @@ class FrameReplay:
         return self.obs_serial[idx].min(axis=1) >= oldest
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """A minibatch as ReplayBuffer.sample gives it."""
         with self._lock:
-            idx = rng.integers(self.size, size=batch_size)
+            idx, weight = self.sampler.sample(self.size, batch_size, rng)
             for _ in range(RESAMPLES):
                 dead = ~self._alive(idx)
                 if not dead.any():
                     break
-                idx[dead] = rng.integers(self.size, size=int(dead.sum()))
+                # Their frames are gone: never again drawn, whatever their priority.
+                self.sampler.forget(idx[dead])
+                idx[dead] = self.sampler.sample(self.size, int(dead.sum()), rng)[0]
             else:
                 idx = idx[self._alive(idx)]  # a ring this short of frames: a smaller batch
+            if weight is not None:  # of the rows finally drawn
+                weight = self.sampler.weights_of(idx)
             ring = self.frame_capacity
             return {
                 "obs": self.frames[self.obs_serial[idx] % ring],
@@ -100,7 +117,13 @@ class FrameReplay:
                 "next_obs": self.frames[self.next_serial[idx] % ring],
                 "terminated": self.terminated[idx],
                 "n_steps": self.n_steps[idx],
+                **self.rows.of(idx, weight),
             }
+
+    def update_priorities(self, batch: Mapping[str, np.ndarray], td_errors: np.ndarray) -> None:
+        """As ReplayBuffer.update_priorities."""
+        with self._lock:
+            self.rows.update(batch, td_errors, self.sampler)
 
     def save(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The rings as they are and their counters (a restored replay samples the same rows for
@@ -109,7 +132,9 @@ class FrameReplay:
             arrays = {name: getattr(self, name).copy() for name in _COLUMNS}
             counters = {"pos": self.pos, "size": self.size, "inserted": self.inserted,
                         "frame_count": self.frame_count}  # fmt: skip
-            return arrays, counters
+            priorities, sampler = self.sampler.save(self.capacity)
+            rows = self.rows.save(self.capacity)
+            return arrays | rows | priorities, counters | {"sampler": sampler}
 
     def restore(self, arrays: Mapping[str, np.ndarray], counters: Mapping[str, int]) -> None:
         """Take back what `save` returned (a checkpoint from before n-step returns has one-step
@@ -123,6 +148,8 @@ class FrameReplay:
                 getattr(self, name)[:] = arrays[name]
             self.pos, self.size = counters["pos"], counters["size"]
             self.inserted, self.frame_count = counters["inserted"], counters["frame_count"]
+            self.rows.restore(arrays, self.capacity)
+            self.sampler.restore(arrays, counters.get("sampler", {}), self.size)
 
 
 _COLUMNS = ("frames", "obs_serial", "next_serial", "action", "reward", "terminated", "n_steps")

@@ -53,3 +53,18 @@ class RateLimiter:
 
     def restore(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None:
         self.inserts, self.samples = values["inserts"], values["samples"]
+
+
+def replay_limiter(
+    samples_per_insert: float, learning_starts: int, batch_size: int, chunk: int, task: int,
+    error_buffer_chunks: int,
+) -> RateLimiter:  # fmt: skip
+    """The limiter of an agent learning from replay (DQN, SAC), for chunks of `chunk` transitions
+    dispatched in tasks of `task`. Collection may run ahead of training by a few chunks
+    (`error_buffer_chunks`), so neither side idles on the other; sampling stops within a batch of
+    the band's low edge, from where a whole task must still fit: dispatch sends whole tasks, and a
+    band narrower than one would let dispatch (waiting for training) and training (waiting for
+    data) each wait for the other for good."""
+    spi = samples_per_insert
+    error = max(spi * chunk * error_buffer_chunks, spi * task + batch_size)
+    return RateLimiter(spi, min_size=learning_starts, error_buffer=error)

@@ -1,4 +1,5 @@
-"""A preallocated numpy ring of transitions; inserts and samples are thread-safe."""
+"""A preallocated numpy ring of transitions, sampled uniformly or by priority (priorities.py);
+inserts, samples and priority updates are thread-safe."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from clusterenv.learner.replay.priorities import Rows, Sampler, Uniform
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.spaces import DiscreteActions
 
@@ -17,7 +19,7 @@ FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "n_steps")
 
 
 class ReplayBuffer:
-    """Uniform replay over (obs, action, reward, next_obs, terminated, n_steps)."""
+    """Replay over (obs, action, reward, next_obs, terminated, n_steps)."""
 
     def __init__(
         self,
@@ -25,10 +27,14 @@ class ReplayBuffer:
         obs_shape: tuple[int, ...],
         obs_dtype: np.dtype,
         action: ArraySpec = DiscreteActions.array,
+        sampler: Sampler | None = None,
     ):
         """Rows of observations of `obs_shape` and `obs_dtype` and actions of the `action` spec
-        (the env's spaces as chunks carry them: pipeline/spaces.py), kept as they arrive."""
+        (the env's spaces as chunks carry them: pipeline/spaces.py), kept as they arrive and
+        drawn by `sampler` (uniformly by default)."""
         self.capacity = capacity
+        self.sampler = sampler or Uniform()
+        self.rows = Rows(capacity)
         self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         self.next_obs = np.zeros_like(self.obs)
         self.action = np.zeros((capacity, *action.row_shape), dtype=np.dtype(action.dtype))
@@ -70,6 +76,7 @@ class ReplayBuffer:
             self.reward[idx] = reward
             self.terminated[idx] = terminated
             self.n_steps[idx] = n_steps
+            self.rows.written(idx, self.inserted, self.sampler)
             self.pos = int((self.pos + n) % self.capacity)
             self.size = min(self.capacity, self.size + n)
             self.inserted += n
@@ -83,8 +90,10 @@ class ReplayBuffer:
         return len(a["action"])
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """A minibatch of `batch_size` rows, with their `index` and `serial` (for
+        `update_priorities`) and, when prioritized, their importance `weight`."""
         with self._lock:
-            idx = rng.integers(self.size, size=batch_size)
+            idx, weight = self.sampler.sample(self.size, batch_size, rng)
             return {
                 "obs": self.obs[idx],
                 "action": self.action[idx],
@@ -92,14 +101,22 @@ class ReplayBuffer:
                 "next_obs": self.next_obs[idx],
                 "terminated": self.terminated[idx],
                 "n_steps": self.n_steps[idx],
+                **self.rows.of(idx, weight),
             }
+
+    def update_priorities(self, batch: Mapping[str, np.ndarray], td_errors: np.ndarray) -> None:
+        """The sampled rows' new TD errors (prioritized replay), for those not overwritten since."""
+        with self._lock:
+            self.rows.update(batch, td_errors, self.sampler)
 
     def save(self) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         """Copies of the stored rows where they sit in the ring, and the ring's counters (what a
         checkpoint keeps: a restored buffer samples the same rows for the same generator state)."""
         with self._lock:
             rows = {name: getattr(self, name)[: self.size].copy() for name in FIELDS}
-            return rows, {"pos": self.pos, "size": self.size, "inserted": self.inserted}
+            priorities, sampler = self.sampler.save(self.size)
+            counters = {"pos": self.pos, "size": self.size, "inserted": self.inserted}
+            return rows | self.rows.save(self.size) | priorities, counters | {"sampler": sampler}
 
     def restore(self, rows: Mapping[str, np.ndarray], counters: Mapping[str, int]) -> None:
         """Take back what `save` returned."""
@@ -112,3 +129,5 @@ class ReplayBuffer:
             for name in FIELDS:
                 getattr(self, name)[:size] = rows[name]
             self.pos, self.size, self.inserted = counters["pos"], size, counters["inserted"]
+            self.rows.restore(rows, size)
+            self.sampler.restore(rows, counters.get("sampler", {}), size)

@@ -61,6 +61,14 @@ class ReferencePool:
         return np.concatenate(parts) if parts else np.zeros((0,))
 
 
+def wire_weights(weights: Mapping[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    """`weights` with every float array as `dtype` (--weights-dtype), the others as they are."""
+    return {
+        name: a.astype(dtype, copy=False) if np.issubdtype(a.dtype, np.floating) else a
+        for name, a in weights.items()
+    }
+
+
 class Publisher:
     def __init__(
         self,
@@ -83,6 +91,9 @@ class Publisher:
     ) -> int:
         """A new version of `weights` (trained for `updates` gradient steps), with its probe;
         `new_reference` publishes new reference states first (the broker lost the old ones)."""
+        # The probe is computed on the weights as published, so a float16 version's probe is the
+        # outputs of exactly what the workers act with.
+        weights = wire_weights(weights, self.cfg.weights_dtype)
         probe = None
         size = self.cfg.reference_size
         if self.pool.size >= size:

@@ -141,7 +141,7 @@ def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str
     """Build a run's parts for `cfg` on the broker `broker_for` makes; with `metrics`, the run's
     Prometheus figures are registered there."""
     configure_torch(cfg.torch_threads)
-    spaces, threshold = env_spaces(cfg.env, cfg.env_kwargs)
+    spaces, threshold = env_spaces(cfg.env, cfg.env_kwargs, cfg.algo)
     late: dict[str, Any] = {}  # the publisher, for the lag of a version: made after the agent
 
     def lag(version: int) -> tuple[int, int]:

@@ -155,10 +155,12 @@ def train(cfg: TrainConfig) -> int:
     from clusterenv.learner.run.wiring import redis_broker
     from clusterenv.pipeline.cluster.embedded import Stack, WorkersDidNotStart
     from clusterenv.pipeline.connect import RedisUnreachable, connect, redact
+    from clusterenv.pipeline.spaces import BoxActions
 
     try:
         cfg.validate()
-        env_spaces(cfg.env, cfg.env_kwargs)
+        spaces, _ = env_spaces(cfg.env, cfg.env_kwargs, cfg.algo)
+        cfg.check_sync(box_actions=isinstance(spaces.action, BoxActions))
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if cfg.redis_url is not None:

@@ -19,6 +19,7 @@ from clusterenv.pipeline.codec import decode_weights
 from clusterenv.pipeline.envs import make_env
 from clusterenv.pipeline.evaluation.runner import greedy_returns
 from clusterenv.pipeline.policy import NETWORK_PREFIXES, NumpyPolicy, numpy_policy
+from clusterenv.pipeline.spaces import action_spec
 
 # A run's checkpoints hold the network the workers act with under one of these prefixes (DQN: the
 # online Q-network, beside `target.`; PPO: the policy, beside `critic.`: the learner component's
@@ -111,11 +112,15 @@ def greedy_episodes(
     except (gym.error.Error, TypeError) as exc:  # TypeError: env_kwargs the env does not take
         raise ValueError(f"env {env_id!r} from the run's config.json: {exc}") from None
     obs_shape = env.observation_space.shape or (0,)
-    if not policy.takes(obs_shape) or getattr(env.action_space, "n", None) != policy.num_outputs:
+    try:
+        outputs = action_spec(env.action_space).outputs
+    except ValueError:
+        outputs = -1  # a space no agent here trains on: nothing fits it
+    if not policy.takes(obs_shape) or outputs != policy.num_outputs:
         env.close()
         raise ValueError(
             f"{checkpoint}: a network of input {policy.input_shape} and {policy.num_outputs} "
-            f"actions does not fit {env_id} ({env.observation_space}, {env.action_space})"
+            f"outputs does not fit {env_id} ({env.observation_space}, {env.action_space})"
         )
     envs = gym.vector.SyncVectorEnv([lambda: env])
     try:

@@ -51,7 +51,10 @@ def defaults_for(env: str, algo: str, use_preset: bool, path: Path = PRESETS_FIL
     where the file has them."""
     cfg = TrainConfig.for_algo(algo, env=env, preset=use_preset)
     tables = load_presets(path).get(algo, {}) if use_preset else {}
-    family = f"{env.split('/')[0]}/*" if "/" in env else None
+    # Gymnasium's "module:" prefix (an id registered on import, e.g. a bench's
+    # "bench.envs:MinAtar/SlowBreakout-v1") is not part of the family.
+    plain = env.rpartition(":")[2]
+    family = f"{plain.split('/')[0]}/*" if "/" in plain else None
     for key, where in ((EVERY_ENV, f"{algo} on every env"), (family, f"{algo} on {family}"),
                        (env, f"{algo} on {env}")):  # fmt: skip
         if key is not None and tables.get(key):

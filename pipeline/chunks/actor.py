@@ -126,7 +126,7 @@ class Actor:
                     actions, extra = act(obs)
                     for name, values in extra.items():
                         if name not in extra_bufs:
-                            extra_bufs[name] = np.empty((steps, n), dtype=values.dtype)
+                            extra_bufs[name] = np.empty((steps, *values.shape), values.dtype)
                         extra_bufs[name][t] = values
                     next_obs, reward, terminated, truncated, _ = self.envs.step(actions)
                     real = ~self._autoreset  # False on the reset step that follows a done

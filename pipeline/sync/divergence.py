@@ -9,6 +9,14 @@ Categorical policies (PPO: outputs are logits, π = softmax):
            update moves the policy by KL ≈ clip²/2 ≈ 0.02 at clip 0.2 (docs/architecture.md).
 - `tv`:    E_s[½ Σ_a |π_L − π_W|].
 
+Squashed Gaussian policies (PPO on Box actions: outputs are d means and d log-stds of u, the
+action is tanh(u) scaled to the bounds):
+- `kl` (the one): E_s[KL(N_L ‖ N_W)] in closed form, on the Gaussians before the squash. tanh and
+           the scaling are one invertible map applied to both policies, and KL does not change
+           under an invertible map of the variable, so this is exactly the KL between the
+           policies the env sees, without sampling; it reads like the categorical `kl`
+           (PPO's clip bounds a step to KL ≈ clip²/2 either way).
+
 ε-greedy policies (DQN: outputs are Q-values):
     π(a|s) = ε/|A| + (1−ε)·[a = argmax_a' Q(s,a')]
 - `tv`:    ½ Σ_a |π_L − π_W|. For ε-greedy pairs this is (1−ε) × the rate of greedy-action flips.
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from clusterenv.pipeline.policy import log_softmax
+from clusterenv.pipeline.policy import gaussian_params, log_softmax
 
 KL_EPS_FLOOR = 0.01
 
@@ -66,3 +74,12 @@ def categorical_kl(logits_learner: np.ndarray, logits_worker: np.ndarray) -> flo
 def categorical_tv(logits_learner: np.ndarray, logits_worker: np.ndarray) -> float:
     p, q = np.exp(log_softmax(logits_learner)), np.exp(log_softmax(logits_worker))
     return float(0.5 * np.abs(p - q).sum(axis=1).mean())
+
+
+def gaussian_kl(outputs_learner: np.ndarray, outputs_worker: np.ndarray) -> float:
+    """Mean over states of KL(N(μ_L, σ_L) ‖ N(μ_W, σ_W)), diagonal, summed over dimensions."""
+    mu_l, log_l = gaussian_params(outputs_learner.astype(np.float64))
+    mu_w, log_w = gaussian_params(outputs_worker.astype(np.float64))
+    var_l, var_w = np.exp(2 * log_l), np.exp(2 * log_w)
+    kl = log_w - log_l + (var_l + (mu_l - mu_w) ** 2) / (2 * var_w) - 0.5
+    return float(kl.sum(axis=1).mean())

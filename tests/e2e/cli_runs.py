@@ -3,10 +3,12 @@ environment, every process below it watched, none left behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -93,6 +95,19 @@ def assert_no_survivors(mark: str, tree: Tree, timeout_s: float = 10.0) -> None:
     for pid in left:  # never leave them running, even when failing
         psutil.Process(pid).kill()
     assert not left, f"processes left behind: {left}"
+
+
+def train_to_end(args: list[str], run_parent: Path, timeout_s: float) -> tuple[Path, dict, str]:
+    """`clusterenv train ARGS --run-dir RUN_PARENT` to its end, which must be a clean exit with
+    no process left behind; its run directory, summary.json and stderr."""
+    mark = uuid.uuid4().hex
+    proc = start_cli([*args, "--run-dir", str(run_parent)], mark)
+    tree = Tree(proc)
+    err = wait_watching(proc, tree, timeout_s)
+    assert proc.returncode == 0, err
+    assert_no_survivors(mark, tree)
+    run_dir = only_run_dir(run_parent)
+    return run_dir, json.loads((run_dir / "summary.json").read_text()), err
 
 
 def wait_for_rows(run_parent: Path, rows: int, proc: subprocess.Popen, timeout_s: float) -> None:

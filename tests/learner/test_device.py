@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.core.policies import CategoricalPolicy
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.dqn.learning import DQNLearner
 from clusterenv.learner.ppo.config import PPOConfig
@@ -57,7 +58,7 @@ def dqn(device: torch.device) -> DQNLearner:
 
 
 def ppo(device: torch.device) -> PPOLearner:
-    learner = PPOLearner((4, 10, 10), 3, PPOConfig(batch_steps=64, num_minibatches=2),
+    learner = PPOLearner((4, 10, 10), CategoricalPolicy(3), PPOConfig(batch_steps=64, num_minibatches=2),
                          RateLimiter(1.0, 0, 1e9), lambda v: 0, seed=0, device=device)  # fmt: skip
     learner.insert({"policy_version": 0}, frames(64))
     return learner

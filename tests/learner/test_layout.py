@@ -14,7 +14,7 @@ import pytest
 from clusterenv.learner.core.spaces import env_spaces
 
 LEARNER = Path(__file__).resolve().parents[2] / "learner"
-AGENTS = ("dqn", "ppo")
+AGENTS = ("dqn", "ppo", "sac")
 
 
 def imports(path: Path) -> list[str]:
@@ -57,7 +57,7 @@ def test_the_learner_imports_no_redis_and_no_celery():
 
 def test_the_layout_has_the_rooms_the_architecture_names():
     rooms = {p.name for p in LEARNER.iterdir() if p.is_dir() and not p.name.startswith("__")}
-    assert rooms == {"core", "dqn", "ppo", "replay", "run", "persistence", "tools"}
+    assert rooms == {"core", "dqn", "ppo", "sac", "replay", "run", "persistence", "tools"}
     too_long = [(str(p.relative_to(LEARNER)), n) for p in LEARNER.rglob("*.py")
                 if (n := len(p.read_text().splitlines())) > 400]  # fmt: skip
     assert not too_long, f"modules over 400 lines: {too_long}"
@@ -70,9 +70,20 @@ class ShiftedActions(gym.Env):
     action_space = gym.spaces.Discrete(2, start=1)
 
 
+class MultiActions(ShiftedActions):
+    action_space = gym.spaces.MultiDiscrete([2, 3])
+
+
 def test_an_env_the_agents_cannot_train_on_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"'Pendulum-v1': the agents \(dqn, ppo\) need a Discrete"):
+    with pytest.raises(ValueError, match=r"'Pendulum-v1': --algo dqn needs a Discrete action "
+                       r"space, not Box.*\(--algo ppo or sac trains those\)"):  # fmt: skip
         env_spaces("Pendulum-v1", {})
+    assert env_spaces("Pendulum-v1", {}, "ppo")[0].action.dim == 1
+    gym.register("clusterenv-test/MultiActions-v0", MultiActions)
+    with pytest.raises(ValueError, match="--algo ppo needs a Discrete or Box action space"):
+        env_spaces("clusterenv-test/MultiActions-v0", {}, "ppo")
+    with pytest.raises(ValueError, match=r"--algo sac needs a Box .*\(--algo dqn or ppo trains"):
+        env_spaces("CartPole-v1", {}, "sac")
     gym.register("clusterenv-test/Shifted-v0", ShiftedActions)
     with pytest.raises(ValueError, match="Discrete actions numbered from 0"):
         env_spaces("clusterenv-test/Shifted-v0", {})

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from clusterenv.learner.core.networks import MLP, ConvNet, build_network, pick_torso
+from clusterenv.learner.core.policies import CategoricalPolicy
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.dqn.learning import DQNLearner
 from clusterenv.learner.persistence.checkpoint import save_checkpoint
@@ -127,7 +128,14 @@ def test_the_flag_reaches_both_agents_networks():
     dqn = DQNLearner((4, 84, 84), 3, DQNConfig(torso="mlp", hidden="8"), replay,
                      RateLimiter(1.0, 1, 0.0), seed=0)  # fmt: skip
     assert isinstance(dqn.q, MLP) and isinstance(dqn.target, MLP)
-    ppo = PPOLearner((6, 10, 10), 3, PPOConfig(), RateLimiter(1.0, 0, 1.0), lambda v: 0, seed=0)
+    ppo = PPOLearner(
+        (6, 10, 10),
+        CategoricalPolicy(3),
+        PPOConfig(),
+        RateLimiter(1.0, 0, 1.0),
+        lambda v: 0,
+        seed=0,
+    )
     assert isinstance(ppo.actor, ConvNet) and isinstance(ppo.critic, ConvNet)  # the same kind
     assert ppo.critic.layers[-1].out_features == 1
 

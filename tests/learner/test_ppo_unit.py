@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from clusterenv.learner.config import TrainConfig
+from clusterenv.learner.core.policies import CategoricalPolicy
 from clusterenv.learner.ppo.config import PPOConfig
 from clusterenv.learner.ppo.learning import PPOLearner, QueuedChunk
 from clusterenv.learner.ppo.loss import gae, ppo_loss
@@ -27,7 +28,7 @@ def test_ratio_is_taken_against_the_behaviour_log_probs():
     adv = torch.tensor([1.0, 1.0, -2.0])
     mb = {"action": action, "logp": behaviour, "advantages": adv,
           "values": torch.zeros(3), "returns": torch.zeros(3)}  # fmt: skip
-    parts = ppo_loss(logits, torch.zeros(3), mb, cfg)
+    parts = ppo_loss(logits, torch.zeros(3), mb, cfg, CategoricalPolicy(logits.shape[1]))
     ratio = np.array([0.5 / 0.4, 0.75 / 0.5, 0.5 / 0.8])  # 1.25, 1.5, 0.625
     clipped = ratio.clip(0.8, 1.2)
     a = adv.numpy()
@@ -50,20 +51,22 @@ def test_decoupled_clip_centres_on_the_learner_and_weights_by_the_truncated_beha
     mb = {"action": action, "logp": behaviour.log(), "logp_learner": learner.log(),
           "advantages": adv, "values": torch.zeros(3), "returns": torch.zeros(3)}  # fmt: skip
     decoupled = dataclasses.replace(cfg, clip_center="learner")
-    parts = ppo_loss(logits, torch.zeros(3), mb, decoupled)
+    parts = ppo_loss(logits, torch.zeros(3), mb, decoupled, CategoricalPolicy(logits.shape[1]))
     ratio = np.array([0.5, 0.75, 0.5]) / learner.numpy()  # 1.11, 1.07, 0.83: inside the clip
     weight = np.minimum(1.0, (learner / behaviour).numpy())  # 1 (1.125 truncated), 1, 0.75
     a = adv.numpy()
     expected = (weight * np.maximum(-a * ratio, -a * ratio.clip(0.8, 1.2))).mean()
     assert parts.policy_loss == pytest.approx(expected, rel=1e-5)
     assert parts.clipfrac == pytest.approx(0.0)  # around the learner no ratio clips
-    around_behaviour = ppo_loss(logits, torch.zeros(3), mb, cfg)
+    around_behaviour = ppo_loss(logits, torch.zeros(3), mb, cfg, CategoricalPolicy(logits.shape[1]))
     assert around_behaviour.clipfrac == pytest.approx(1.0)  # around π_b all do
     # Without lag the learner is the behaviour policy: the two objectives agree.
     mb["logp"] = mb["logp_learner"]
-    same = ppo_loss(logits, torch.zeros(3), mb, cfg).policy_loss
+    same = ppo_loss(logits, torch.zeros(3), mb, cfg, CategoricalPolicy(logits.shape[1])).policy_loss
     assert parts.policy_loss != pytest.approx(same, rel=1e-3)
-    assert ppo_loss(logits, torch.zeros(3), mb, decoupled).policy_loss == pytest.approx(same)
+    assert ppo_loss(
+        logits, torch.zeros(3), mb, decoupled, CategoricalPolicy(logits.shape[1])
+    ).policy_loss == pytest.approx(same)
 
 
 def test_gradient_flows_through_the_clipped_ratio_only_where_it_is_unclipped():
@@ -72,12 +75,12 @@ def test_gradient_flows_through_the_clipped_ratio_only_where_it_is_unclipped():
     mb = {"action": torch.tensor([0, 0]), "logp": torch.tensor([0.5, 0.45]).log(),
           "advantages": torch.tensor([1.0, 1.0]), "values": torch.zeros(2),
           "returns": torch.zeros(2)}  # fmt: skip
-    ppo_loss(logits, torch.zeros(2), mb, cfg).loss.backward()
+    ppo_loss(logits, torch.zeros(2), mb, cfg, CategoricalPolicy(logits.shape[1])).loss.backward()
     # Row 0: ratio 1 (inside the clip range) moves; row 1: ratio 1.11 also inside; both push up a0.
     assert (logits.grad[:, 0] < 0).all()
     mb["logp"] = torch.tensor([0.5, 0.3]).log()  # row 1: ratio 1.67 > 1.2 with A > 0: clipped
     logits.grad = None
-    ppo_loss(logits, torch.zeros(2), mb, cfg).loss.backward()
+    ppo_loss(logits, torch.zeros(2), mb, cfg, CategoricalPolicy(logits.shape[1])).loss.backward()
     assert logits.grad[0, 0] < 0 and logits.grad[1].abs().max() == 0
 
 
@@ -134,7 +137,7 @@ def test_vtrace_cuts_the_trace_at_each_later_actions_ratio_and_weights_the_targe
 
 def test_vtrace_takes_its_ratios_from_the_learners_policy_and_the_behaviour_log_probs():
     cfg = PPOConfig(batch_steps=32, advantages="vtrace", gae_lambda=0.9)
-    learner = PPOLearner((4,), 2, cfg, RateLimiter(1.0, 0, 10_000),
+    learner = PPOLearner((4,), CategoricalPolicy(2), cfg, RateLimiter(1.0, 0, 10_000),
                          lambda version: 0, seed=0)  # fmt: skip
     _, arrays = chunk(32, version=0)
     arrays["logp"][::2] = math.log(0.9)  # a stale worker was sure of half its actions
@@ -149,7 +152,7 @@ def test_vtrace_takes_its_ratios_from_the_learners_policy_and_the_behaviour_log_
                              cfg.gamma, cfg.gae_lambda, rho)  # fmt: skip
     np.testing.assert_allclose(data["advantages"].numpy(), want_adv, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(data["returns"].numpy(), want_ret, rtol=1e-5, atol=1e-6)
-    plain = PPOLearner((4,), 2, dataclasses.replace(cfg, advantages="gae"),
+    plain = PPOLearner((4,), CategoricalPolicy(2), dataclasses.replace(cfg, advantages="gae"),
                        RateLimiter(1.0, 0, 10_000), lambda version: 0, seed=0)  # fmt: skip
     assert not np.allclose(plain._prepare([QueuedChunk(0, arrays)])["returns"].numpy(),
                            data["returns"].numpy())  # fmt: skip
@@ -174,7 +177,7 @@ def test_a_chunk_past_the_max_lag_is_dropped_and_counted():
     newest = {"v": 10}
     limiter = RateLimiter(1.0, 0, 10_000)
     cfg = PPOConfig(batch_steps=64, max_policy_lag=3, num_minibatches=2, update_epochs=1)
-    learner = PPOLearner((4,), 2, cfg, limiter,
+    learner = PPOLearner((4,), CategoricalPolicy(2), cfg, limiter,
                          lambda version: newest["v"] - version, seed=0)  # fmt: skip
     learner.insert(*chunk(32, version=7, seed=2))  # 3 behind: still used
     learner.insert(*chunk(32, version=6, seed=1))  # 4 versions behind: past the max lag
@@ -192,7 +195,7 @@ def test_a_chunk_past_the_max_lag_is_dropped_and_counted():
 
 def test_the_decoupled_centre_is_the_learners_policy_before_the_update():
     cfg = PPOConfig(batch_steps=32)  # the default centre: the learner
-    learner = PPOLearner((4,), 2, cfg, RateLimiter(1.0, 0, 10_000),
+    learner = PPOLearner((4,), CategoricalPolicy(2), cfg, RateLimiter(1.0, 0, 10_000),
                          lambda version: 0, seed=0)  # fmt: skip
     header, arrays = chunk(32, version=0)
     data = learner._prepare([QueuedChunk(0, arrays)])
@@ -211,7 +214,7 @@ def test_the_decoupled_centre_is_the_learners_policy_before_the_update():
 def test_published_weights_are_the_policy_network_the_workers_read():
     from clusterenv.pipeline.policy import NumpyMLP
 
-    learner = PPOLearner((4,), 3, PPOConfig(), RateLimiter(1.0, 0, 1.0),
+    learner = PPOLearner((4,), CategoricalPolicy(3), PPOConfig(), RateLimiter(1.0, 0, 1.0),
                          lambda v: 0, seed=0)  # fmt: skip
     weights = learner.get_weights()
     assert set(weights) == {f"layers.{i}.{p}" for i in range(3) for p in ("weight", "bias")}
@@ -223,7 +226,14 @@ def test_published_weights_are_the_policy_network_the_workers_read():
 
 def test_save_restores_into_a_fresh_learner():
     def fresh(seed: int) -> PPOLearner:
-        return PPOLearner((4,), 2, PPOConfig(), RateLimiter(1.0, 0, 1.0), lambda v: 0, seed=seed)
+        return PPOLearner(
+            (4,),
+            CategoricalPolicy(2),
+            PPOConfig(),
+            RateLimiter(1.0, 0, 1.0),
+            lambda v: 0,
+            seed=seed,
+        )
 
     saved, other = fresh(0), fresh(1)
     assert not np.allclose(
@@ -271,7 +281,9 @@ def test_a_ppo_checkpoint_round_trip_restores_the_networks_and_adam(tmp_path):
 
     def fresh(seed: int) -> PPOLearner:
         cfg = PPOConfig(batch_steps=32, num_minibatches=2, update_epochs=2)
-        return PPOLearner((4,), 2, cfg, RateLimiter(1.0, 0, 1e6), lambda v: 0, seed=seed)
+        return PPOLearner(
+            (4,), CategoricalPolicy(2), cfg, RateLimiter(1.0, 0, 1e6), lambda v: 0, seed=seed
+        )
 
     a = fresh(0)
     for c in range(3):
@@ -295,7 +307,9 @@ def test_a_conv_learner_takes_a_step_on_uint8_frames_and_publishes_its_conv_poli
 
     shape, rows = (4, 84, 84), 16
     cfg = PPOConfig(batch_steps=rows, num_minibatches=2, update_epochs=1)
-    learner = PPOLearner(shape, 3, cfg, RateLimiter(1.0, 0, 10_000), lambda v: 0, seed=0)
+    learner = PPOLearner(
+        shape, CategoricalPolicy(3), cfg, RateLimiter(1.0, 0, 10_000), lambda v: 0, seed=0
+    )
     header, arrays = chunk(rows, version=0)
     rng = np.random.default_rng(0)
     arrays["obs"] = rng.integers(0, 256, size=(rows, *shape), dtype=np.uint8)

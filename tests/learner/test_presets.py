@@ -153,6 +153,8 @@ def test_a_family_entry_reaches_every_env_of_the_family_below_its_own_entry(tmp_
     assert (cfg.agent.lr, cfg.agent.batch_size) == (0.3, 16)
     assert defaults_for("Fam/Y-v0", "dqn", use_preset=True, path=path).agent.lr == 0.2
     assert defaults_for("Other/Y-v0", "dqn", use_preset=True, path=path).agent.lr == 0.1
+    # Gymnasium's "module:" prefix is not part of the family (bench.envs' slow MinAtar Breakout).
+    assert defaults_for("my.envs:Fam/Z-v0", "dqn", use_preset=True, path=path).agent.lr == 0.2
 
 
 def test_atari_games_take_rl_zoos_atari_dqn_in_this_learners_units():
@@ -164,3 +166,18 @@ def test_atari_games_take_rl_zoos_atari_dqn_in_this_learners_units():
     assert (a.samples_per_insert, a.target_update_every, a.double) == (8.0, 250, False)
     assert (a.eps_end, a.eps_decay_steps, cfg.total_steps) == (0.01, 1_000_000, 10_000_000)
     assert (cfg.collection.chunk_steps, cfg.weights.reference_size) == (128, 32)
+
+
+def test_the_continuous_control_envs_take_rl_zoos_sac_settings_and_their_box_actions():
+    from clusterenv.learner.core.spaces import env_spaces
+
+    lander = parse_train(["--algo", "sac", "--env", "LunarLander-v3"])
+    assert lander.env_kwargs == {"continuous": True}  # RL-Zoo's LunarLanderContinuous
+    assert (lander.agent.lr, lander.agent.tau, lander.agent.hidden) == (7.3e-4, 0.01, "400,300")
+    assert env_spaces("LunarLander-v3", lander.env_kwargs, "sac")[0].action.dim == 2
+    assert parse_train(["--algo", "sac", "--env", "Pendulum-v1"]).agent.lr == 1e-3
+    pytest.importorskip("mujoco", reason="needs the mujoco extra")
+    for env, dim in (("HalfCheetah-v5", 6), ("Hopper-v5", 3)):
+        cfg = parse_train(["--algo", "sac", "--env", env])
+        assert (cfg.agent.learning_starts, cfg.total_steps) == (10_000, 1_000_000)
+        assert env_spaces(env, {}, "sac")[0].action.dim == dim

@@ -16,7 +16,7 @@ from clusterenv.pipeline.chunks.request import COLLECT_CHUNK_TASK, ChunkRequest
 from clusterenv.pipeline.chunks.runtime import WorkerRuntime
 from clusterenv.pipeline.chunks.stream import StreamReader, StreamWriter
 from clusterenv.pipeline.chunks.takers import RedisChunkTakers
-from clusterenv.pipeline.codec import encode_chunk
+from clusterenv.pipeline.codec import ArraySpec, encode_chunk
 from clusterenv.pipeline.connect import connect
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.policy import NumpyMLP
@@ -238,6 +238,40 @@ def test_an_action_outside_the_discrete_range_is_refused_by_name(client, run_id)
     reader = StreamReader(connect(url_of(client), blocking=True), keys, spaces)
     assert read_all(reader, 1) == []
     assert reader.stats.rejected_reasons == {"action outside [0, 3)": 1}
+
+
+def test_box_actions_travel_as_float32_and_out_of_bounds_or_nan_ones_are_refused_by_name(
+    client, run_id
+):
+    """Pendulum's actions (float32 in [-2, 2]) with PPO's extra columns: a good chunk arrives as
+    sent; one with an action past the bound, one with a NaN action, one with an action of the wrong
+    shape are each refused by name and counted, and the good one is not lost."""
+    env = gym.make("Pendulum-v1")
+    spaces = SpaceSpecs.of(env.observation_space, env.action_space)
+    extra = {"logp": ArraySpec("<f4", ()), "pre_squash": ArraySpec("<f4", (1,))}
+    n, keys = 4, RunKeys(run_id)
+    obs = np.zeros((n, 3), np.float32)
+    good = {
+        "obs": obs, "action": np.array([[-2.0], [0.5], [1.9], [2.0]], np.float32),
+        "reward": np.ones(n, np.float32), "next_obs": obs, "terminated": np.zeros(n, bool),
+        "truncated": np.zeros(n, bool), "env_index": np.zeros(n, np.int32),
+        "logp": np.zeros(n, np.float32), "pre_squash": np.zeros((n, 1), np.float32),
+    }  # fmt: skip
+    header = {"run": run_id, "chunk": 0, "worker": "w", "policy_version": 0}
+    writer = StreamWriter(client, keys)
+    bad = [{"action": np.full((n, 1), 2.5, np.float32)}, {"action": np.full((n, 1), np.nan, np.float32)},
+           {"action": np.zeros((n, 2), np.float32)}]  # fmt: skip
+    for i, change in enumerate(bad):
+        writer.write({**header, "chunk": i + 1}, {**good, **change})
+    writer.write(header, good)
+    reader = StreamReader(connect(url_of(client), blocking=True), keys, spaces, extra)
+    (arrays,) = read_all(reader, 4)
+    assert arrays["action"].dtype == np.float32 and arrays["action"].shape == (n, 1)
+    np.testing.assert_array_equal(arrays["action"], good["action"])
+    reasons = reader.stats.rejected_reasons
+    assert reasons.pop("action outside the Box bounds [-2.0, 2.0]") == 1
+    assert reasons.pop("action is NaN or infinite") == 1
+    assert len(reasons) == 1 and "action" in next(iter(reasons))  # the shape, named by the codec
 
 
 def test_stacked_frames_travel_once_each_and_a_bad_index_is_refused_by_name(client, run_id):

@@ -106,3 +106,27 @@ def test_unknown_game_and_bad_kwargs():
         make_env("MinAtar/Pong-v1", {}, training=True)
     with pytest.raises(TypeError):
         make_env("MinAtar/Breakout-v1", {"no_such_option": 1}, training=True)
+
+
+def test_the_expensive_pixel_env_of_the_benchmarks_is_breakout_plus_its_sleep():
+    """bench.envs' MinAtar/SlowBreakout-v1 (issue 30's expensive pixel env): Breakout's
+    observations and the same episode for the same seed and actions, each step `delay_s` longer;
+    it takes the MinAtar preset."""
+    import time
+
+    from bench.envs import SLOW_MINATAR_BREAKOUT
+    from clusterenv.learner.tools.presets import defaults_for
+
+    slow = make_env(SLOW_MINATAR_BREAKOUT, {"delay_s": 0.01}, training=True)
+    plain = make_env("MinAtar/Breakout-v1", {}, training=True)
+    assert slow.observation_space == plain.observation_space
+    t0 = time.perf_counter()
+    slow_obs, slow_rewards = play(slow, seed=4, steps=20)
+    assert time.perf_counter() - t0 >= 20 * 0.01
+    plain_obs, plain_rewards = play(plain, seed=4, steps=20)
+    np.testing.assert_array_equal(slow_obs, plain_obs)
+    assert slow_rewards == plain_rewards
+    slow_cfg, plain_cfg = (
+        defaults_for(e, "dqn", True) for e in (SLOW_MINATAR_BREAKOUT, "MinAtar/Breakout-v1")
+    )
+    assert (slow_cfg.agent, slow_cfg.total_steps) == (plain_cfg.agent, plain_cfg.total_steps)

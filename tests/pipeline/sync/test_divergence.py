@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from clusterenv.pipeline.behaviour import BEHAVIOURS, Categorical, EpsilonGreedy, EpsilonLadder
+from clusterenv.pipeline.behaviour import (
+    BEHAVIOURS,
+    Categorical,
+    EpsilonGreedy,
+    EpsilonLadder,
+    SquashedGaussian,
+)
 from clusterenv.pipeline.policy import log_softmax
 from clusterenv.pipeline.sync.divergence import behaviour_probs, categorical_kl, kl, tv, value
 
@@ -16,16 +22,20 @@ BEHAVIOURS_AT = {
     "epsilon_greedy": [EpsilonGreedy(0.0), EpsilonGreedy(0.04), EpsilonGreedy(0.5)],
     "epsilon_ladder": [EpsilonLadder(0.4, 7.0, 8), EpsilonLadder(0.4, 7.0, 8).for_actor(1, 4)],
     "categorical": [Categorical()],
+    "squashed_gaussian": [SquashedGaussian(), SquashedGaussian(record=False)],
 }
 MEASURES = [(b, name) for kind in BEHAVIOURS for b in BEHAVIOURS_AT[kind] for name in b.DIVERGENCES]
+# A Gaussian policy's outputs: 2 means, then 2 log-stds.
+GAUSSIAN = np.concatenate([Q[:, :2] - 5.0, RNG.uniform(-1, 0, (256, 2))], 1).astype(np.float32)
 
 
 @pytest.mark.parametrize(("behaviour", "name"), MEASURES)
 def test_zero_for_identical_and_positive_after_a_change(behaviour, name):
-    assert behaviour.divergence(name, Q, Q.copy()) == 0.0
-    changed = Q.copy()
+    outputs = GAUSSIAN if isinstance(behaviour, SquashedGaussian) else Q
+    assert behaviour.divergence(name, outputs, outputs.copy()) == 0.0
+    changed = outputs.copy()
     changed[:64] = changed[:64, ::-1]  # a quarter of the states change their greedy action
-    assert behaviour.divergence(name, Q, changed) > 0.0
+    assert behaviour.divergence(name, outputs, changed) > 0.0
 
 
 @pytest.mark.parametrize(
@@ -78,5 +88,6 @@ def test_categorical_kl_is_the_softmax_kl_by_hand():
 def test_measure_defaults_follow_the_policy_kind():
     assert EpsilonGreedy.measure(None) == "value"
     assert Categorical.measure(None) == "kl"
+    assert SquashedGaussian.measure(None) == "kl"
     with pytest.raises(ValueError, match="does not apply to categorical"):
         Categorical.measure("value")

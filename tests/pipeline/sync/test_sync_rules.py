@@ -282,3 +282,38 @@ def test_uint8_reference_states_reach_the_worker_as_observed(client, run_id):
     learner, worker = NumpyMLP(weights(1))(source.reference), NumpyMLP(weights(0))(source.reference)
     assert wc.counters.probes_rejected == 0 and wc.version == 0
     assert wc.last_divergence == EpsilonGreedy(0.0).divergence("value", learner, worker) > 0
+
+
+def test_float16_weights_are_what_the_worker_acts_with_and_probes_measure(client, run_id):
+    """--weights-dtype float16: the published blob holds float16 arrays (about half the bytes of
+    float32), and the probe is computed on them, so a worker holding a version of the same weights
+    measures a divergence of exactly zero (a probe on the learner's float32 copy would not)."""
+    from clusterenv.learner.config import WeightSyncConfig
+    from clusterenv.learner.run.publisher import Publisher, ReferencePool
+    from clusterenv.pipeline.codec import decode_weights, encode_weights
+
+    rng = np.random.default_rng(0)
+    pool = ReferencePool(100)
+    pool.add({"obs": rng.normal(size=(80, 4)).astype(np.float32), "action": np.zeros(80, np.int64)})
+    keys = RunKeys(run_id)
+    source = RedisWeightSource(client, keys)
+    cfg = WeightSyncConfig(reference_size=8, weights_dtype="float16")
+    publisher = Publisher(source, pool, cfg, rng)
+    big = np.random.default_rng(3)  # big enough that the header is a small part of the blob
+    w = {"layers.0.weight": big.normal(size=(256, 4)).astype(np.float32),
+         "layers.0.bias": np.zeros(256, np.float32),
+         "layers.1.weight": big.normal(size=(2, 256)).astype(np.float32),
+         "layers.1.bias": np.zeros(2, np.float32)}  # fmt: skip
+    assert {a.dtype for a in w.values()} == {np.dtype(np.float32)}
+
+    publisher.publish(w, updates=0)
+    blob = client.get(keys.weights(0))
+    assert {a.dtype for a in decode_weights(blob).values()} == {np.dtype(np.float16)}
+    assert len(blob) < 0.6 * len(encode_weights(w))
+
+    wc = RedisWeightClient(client, keys, Aps(0.0, "value"), CARTPOLE.obs)
+    wc.sync(EpsilonGreedy(0.0))
+    assert wc.version == 0
+    publisher.publish(w, updates=1)  # the same weights again: nothing for the worker to fetch
+    wc.sync(EpsilonGreedy(0.0))
+    assert wc.last_divergence == 0.0 and wc.version == 0
