@@ -121,4 +121,6 @@ def save_figure(fig: Any, path: Path) -> None:
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):  # numpy scalars
         return value.item()
+    if isinstance(value, type):  # a class among SB3's arguments (its features extractor)
+        return f"{value.__module__}.{value.__qualname__}"
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
