@@ -64,7 +64,7 @@ class FrameReplay:
     def nbytes(self) -> int:
         """Memory the replay holds, frames and transitions."""
         columns = (self.frames, self.obs_serial, self.next_serial, self.action, self.reward,
-                   self.terminated, self.n_steps)  # fmt: skip
+                   self.terminated, self.n_steps, self.rows.serial)  # fmt: skip
         return sum(a.nbytes for a in columns)
 
     def insert(self, arrays: Mapping[str, np.ndarray]) -> int:
