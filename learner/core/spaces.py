@@ -29,7 +29,7 @@ def env_spaces(
     except gym.error.Error as exc:
         raise ValueError(f"--env {env_id!r}: {exc}") from None
     except TypeError as exc:
-        raise ValueError(f"--env {env_id!r}: {exc}") from None
+        raise ValueError(f"--env-kwargs for {env_id!r}: {exc}") from None
     try:
         obs_space, act_space = env.observation_space, env.action_space
         takes = ACTION_SPACES[algo]

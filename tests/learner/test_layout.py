@@ -84,6 +84,8 @@ def test_an_env_the_agents_cannot_train_on_is_refused_by_name():
         env_spaces("clusterenv-test/MultiActions-v0", {}, "ppo")
     with pytest.raises(ValueError, match=r"--algo sac needs a Box .*\(--algo dqn or ppo trains"):
         env_spaces("CartPole-v1", {}, "sac")
+    with pytest.raises(ValueError, match="--env-kwargs for 'CartPole-v1'"):
+        env_spaces("CartPole-v1", {"no_such_kwarg": 1})
     gym.register("clusterenv-test/Shifted-v0", ShiftedActions)
     with pytest.raises(ValueError, match="Discrete actions numbered from 0"):
         env_spaces("clusterenv-test/Shifted-v0", {})
