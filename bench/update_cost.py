@@ -69,7 +69,8 @@ def tree_ms(steps: int, data: dict[str, np.ndarray]) -> float:
     td = np.abs(rng.normal(size=64))
     t0 = time.perf_counter()
     for _ in range(steps):
-        idx, _weights = sampler.sample(100_000, 64, rng)
+        idx = sampler.sample(100_000, 64, rng)
+        sampler.weights_of(idx)
         sampler.update(idx, td)
     return 1e3 * (time.perf_counter() - t0) / steps
 

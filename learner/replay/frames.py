@@ -97,18 +97,17 @@ class FrameReplay:
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """A minibatch as ReplayBuffer.sample gives it."""
         with self._lock:
-            idx, weight = self.sampler.sample(self.size, batch_size, rng)
+            idx = self.sampler.sample(self.size, batch_size, rng)
             for _ in range(RESAMPLES):
                 dead = ~self._alive(idx)
                 if not dead.any():
                     break
                 # Their frames are gone: never again drawn, whatever their priority.
                 self.sampler.forget(idx[dead])
-                idx[dead] = self.sampler.sample(self.size, int(dead.sum()), rng)[0]
+                idx[dead] = self.sampler.sample(self.size, int(dead.sum()), rng)
             else:
                 idx = idx[self._alive(idx)]  # a ring this short of frames: a smaller batch
-            if weight is not None:  # of the rows finally drawn
-                weight = self.sampler.weights_of(idx)
+            weight = self.sampler.weights_of(idx)  # of the rows finally drawn
             ring = self.frame_capacity
             return {
                 "obs": self.frames[self.obs_serial[idx] % ring],

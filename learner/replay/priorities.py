@@ -25,10 +25,8 @@ import numpy as np
 class Sampler(Protocol):
     """Row indexes for a minibatch, and what the learner's update tells about them."""
 
-    def sample(
-        self, size: int, batch_size: int, rng: np.random.Generator
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """`batch_size` indexes below `size`, and their importance weights (None: all 1)."""
+    def sample(self, size: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        """`batch_size` row indexes below `size` (their weights: `weights_of`)."""
         ...
 
     def inserted(self, idx: np.ndarray) -> None:
@@ -61,10 +59,8 @@ class Sampler(Protocol):
 class Uniform:
     """Every stored row equally likely; importance weights all 1."""
 
-    def sample(
-        self, size: int, batch_size: int, rng: np.random.Generator
-    ) -> tuple[np.ndarray, None]:
-        return rng.integers(size, size=batch_size), None
+    def sample(self, size: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.integers(size, size=batch_size)
 
     def inserted(self, idx: np.ndarray) -> None:
         pass
@@ -151,15 +147,12 @@ class Prioritized:
     def inserted(self, idx: np.ndarray) -> None:
         self.tree.set(idx, np.full(len(idx), self.max_priority))
 
-    def sample(
-        self, size: int, batch_size: int, rng: np.random.Generator
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def sample(self, size: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
         # Stratified, as in the paper: one draw from each of batch_size equal slices of the total.
         total = self.tree.total
         prefix = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
         # Rounding can put a prefix at the very total: keep it inside, and on a stored row.
-        idx = np.minimum(self.tree.find(np.minimum(prefix, np.nextafter(total, 0))), size - 1)
-        return idx, self.weights_of(idx)
+        return np.minimum(self.tree.find(np.minimum(prefix, np.nextafter(total, 0))), size - 1)
 
     def weights_of(self, idx: np.ndarray) -> np.ndarray:
         # (N P(i)) ** -beta over its largest value, which the smallest priority gives: N and the

@@ -93,7 +93,8 @@ class ReplayBuffer:
         """A minibatch of `batch_size` rows, with their `index` and `serial` (for
         `update_priorities`) and, when prioritized, their importance `weight`."""
         with self._lock:
-            idx, weight = self.sampler.sample(self.size, batch_size, rng)
+            idx = self.sampler.sample(self.size, batch_size, rng)
+            weight = self.sampler.weights_of(idx)
             return {
                 "obs": self.obs[idx],
                 "action": self.action[idx],

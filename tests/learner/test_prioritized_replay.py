@@ -42,7 +42,7 @@ def test_rows_are_drawn_in_proportion_to_their_priorities():
     sampler, rng = Prioritized(16, alpha=1.0, beta=0.4, eps=0.0), np.random.default_rng(3)
     priorities = np.arange(1.0, 11.0)
     sampler.update(np.arange(10), priorities)
-    draws = np.concatenate([sampler.sample(10, 64, rng)[0] for _ in range(3125)])
+    draws = np.concatenate([sampler.sample(10, 64, rng) for _ in range(3125)])
     counts, n = np.bincount(draws, minlength=16), len(draws)
     expected = priorities / priorities.sum()
     assert counts[10:].sum() == 0  # never a row not stored
