@@ -42,9 +42,9 @@ class Behaviour(TaskArgs):
         """Measure `measure` between the learner's and the worker's outputs on the same states."""
         raise NotImplementedError
 
-    def for_actor(self, actor_index: int, num_envs: int) -> Behaviour:
-        """How one actor (a worker process's vector of `num_envs` envs) acts: the same for every
-        actor, except where a kind gives each actor env its own parameters (EpsilonLadder)."""
+    def for_actor(self, slot: int, num_envs: int) -> Behaviour:
+        """How one actor (a worker process's vector of `num_envs` envs, in actor slot `slot`)
+        acts: the same for every actor, except where a kind gives each actor env its own parameters (EpsilonLadder)."""
         return self
 
     @classmethod
@@ -108,10 +108,11 @@ class EpsilonLadder(Behaviour):
     ε_i = epsilon ** (1 + alpha * i / (size - 1)), from `epsilon` down to epsilon ** (1 + alpha)
     (0.4 and 7: 0.4 to 0.00066), so a few envs explore hard while most act nearly greedily.
 
-    An actor env's slot i is its index over the run (actor index x envs per actor + env) modulo
-    `size`, the actor envs the learner counted when it dispatched the chunk (live collecting
-    processes x --envs-per-worker): an env keeps its ε from chunk to chunk while that count holds,
-    and a worker that restarts (a new actor index) takes the next slots around the ladder."""
+    Actor env i's rung is its index over the run (its process's actor slot x envs per actor +
+    env) modulo `size`, the actor envs the learner counted when it dispatched the chunk (live
+    collecting processes x --envs-per-worker): an env keeps its ε from chunk to chunk while that
+    count holds, and a worker that restarts takes over the slot, so the rungs, of the process it
+    replaces (pipeline/chunks/slots.py)."""
 
     epsilon: float
     alpha: float
@@ -132,15 +133,15 @@ class EpsilonLadder(Behaviour):
         slot = (first + np.arange(count)) % self.size
         return self.epsilon ** (1.0 + self.alpha * slot / max(1, self.size - 1))
 
-    def for_actor(self, actor_index: int, num_envs: int) -> Behaviour:
-        eps = self.epsilons(actor_index * num_envs, num_envs).round(EPSILON_DECIMALS)
+    def for_actor(self, slot: int, num_envs: int) -> Behaviour:
+        eps = self.epsilons(slot * num_envs, num_envs).round(EPSILON_DECIMALS)
         return EnvEpsilons(tuple(eps.tolist()))
 
     def act(
         self, outputs: np.ndarray, rng: np.random.Generator
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         # The trap: a ladder has no ε of its own; the runtime acts with for_actor's.
-        raise TypeError("an EpsilonLadder acts through for_actor(actor_index, num_envs)")
+        raise TypeError("an EpsilonLadder acts through for_actor(slot, num_envs)")
 
     def divergence(self, measure: str, learner: np.ndarray, worker: np.ndarray) -> float:
         return self.DIVERGENCES[measure](learner, worker, self.epsilon)

@@ -74,6 +74,12 @@ class RunKeys:
         return f"{self.base}:actors"
 
     @property
+    def actor_slots(self) -> str:
+        """Hash slot → the worker process ("hostname:pid") holding that slot of the run's
+        exploration ladder (pipeline/chunks/slots.py)."""
+        return f"{self.base}:actor-slots"
+
+    @property
     def eval_results(self) -> str:
         """List of JSON eval results, worker RPUSH → learner LPOP."""
         return f"{self.base}:evals"

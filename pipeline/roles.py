@@ -83,6 +83,18 @@ class TransitionWriter(Protocol):
     def write(self, header: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> int: ...
 
 
+class SlotLease(Protocol):
+    """Worker side: this process's actor slot in a run (pipeline/chunks/slots.py)."""
+
+    def claim(self) -> int:
+        """The slot this process holds, claiming the lowest free or dead one first."""
+        ...
+
+    def release(self) -> None:
+        """Give the slot back (the process stops serving the run)."""
+        ...
+
+
 @dataclass
 class IngestStats:
     """What a TransitionReader has done with the chunks it read, cumulative."""

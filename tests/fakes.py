@@ -185,6 +185,19 @@ class FakeActor:
         self.closed += 1
 
 
+class FakeSlots:
+    """A SlotLease without a server: always `slot`; counts releases."""
+
+    def __init__(self, slot: int = 0) -> None:
+        self.slot, self.released = slot, 0
+
+    def claim(self) -> int:
+        return self.slot
+
+    def release(self) -> None:
+        self.released += 1
+
+
 class FakeWeightSource:
     """A WeightSource that keeps in memory, for a test to read back, every version it was given
     (`published`), its probe (`probes`, None without one) and every batch of reference states

@@ -7,9 +7,10 @@ soon. The bias this brings is corrected by importance weights w_i = (N P(i)) ** 
 the largest weight any stored row could get (the paper's max_i w_i, from the smallest priority),
 so they only ever scale an update down; the learner anneals beta to 1 over the run.
 
-The tree is numpy, a batch at a time: a level's nodes are one fancy-indexing step, so a batch of
-64 costs about 2 x depth (17 for 100k rows) small numpy operations to sample and as many to
-update. torchrl's C++ segment trees would do the same in C++ but do not load against torch 2.13.0
+The tree is numpy, a batch at a time, and 32 children wide: a level is a few vectorized steps over
+a (batch x 32) block, and 100k rows take four levels, so a batch of 64 costs a few dozen small
+numpy operations to sample and as many to update (a binary tree's seventeen levels cost three
+times as much: bench/update_cost.py). torchrl's C++ segment trees would do the same in C++ but do not load against torch 2.13.0
 (undefined symbol), and cpprb's PrioritizedReplayBuffer keeps its own copy of the transitions and
 cannot give its priorities back for a checkpoint (bench/update_cost.py compares the costs).
 """
@@ -84,52 +85,66 @@ class Uniform:
 
 
 class SumTree:
-    """Sums, and the smallest positive value, of `capacity` non-negative leaves in a complete
-    binary tree stored flat (node k's children are 2k and 2k + 1, the root is 1, leaf i is node
-    `leaves + i`)."""
+    """Sums, and the smallest positive value, of `capacity` non-negative leaves, in a tree whose
+    nodes have `fanout` children, stored a level per array (`sums[0]` are the leaves; node i's
+    children on the level below are `fanout * i + 0..fanout-1`; the top level's nodes are the
+    root's children). A wide node makes the tree shallow: each level is one vectorized step over
+    a (batch x fanout) block, and numpy's cost is per step far more than per element (32: four
+    levels for 100k rows where a binary tree has seventeen)."""
 
-    def __init__(self, capacity: int):
-        self.leaves = 1 << max(0, (capacity - 1).bit_length())
-        self.depth = self.leaves.bit_length() - 1
-        self.sums = np.zeros(2 * self.leaves)
-        self.mins = np.full(2 * self.leaves, np.inf)
+    def __init__(self, capacity: int, fanout: int = 32):
+        self.fanout = fanout
+        self.sums: list[np.ndarray] = []
+        size = max(1, capacity)
+        while True:
+            size = -(-size // fanout) * fanout  # padded so every node has `fanout` children
+            self.sums.append(np.zeros(size))
+            if size == fanout:
+                break
+            size //= fanout
+        self.mins = [np.full(level.shape, np.inf) for level in self.sums]
+        self._children = np.arange(fanout)
 
     @property
     def total(self) -> float:
-        return float(self.sums[1])
+        return float(self.sums[-1].sum())
 
     @property
     def min(self) -> float:
-        return float(self.mins[1])
+        return float(self.mins[-1].min())
 
     def get(self, idx: np.ndarray) -> np.ndarray:
-        return self.sums[self.leaves + idx]
+        return self.sums[0][idx]
 
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Leaves `idx` := `values` (a repeated index takes one of its values), then every
         ancestor of them, a level at a time."""
-        nodes = self.leaves + np.asarray(idx, np.int64)
-        self.sums[nodes] = values
-        self.mins[nodes] = np.where(values > 0, values, np.inf)  # the smallest positive leaf
-        for _ in range(self.depth):
+        nodes = np.array(idx, np.int64)  # a copy: it is divided in place below
+        self.sums[0][nodes] = values
+        self.mins[0][nodes] = np.where(values > 0, values, np.inf)  # the smallest positive leaf
+        for below, level in enumerate(self.sums[1:]):
             # A parent shared by several nodes is recomputed once per node, from the same
             # children: the same value, so the repeats are harmless.
-            nodes >>= 1
-            left = nodes << 1
-            self.sums[nodes] = self.sums[left] + self.sums[left + 1]
-            self.mins[nodes] = np.minimum(self.mins[left], self.mins[left + 1])
+            nodes //= self.fanout
+            children = nodes[:, None] * self.fanout + self._children
+            level[nodes] = self.sums[below][children].sum(axis=1)
+            self.mins[below + 1][nodes] = self.mins[below][children].min(axis=1)
 
     def find(self, prefix: np.ndarray) -> np.ndarray:
         """For each prefix sum in [0, total), the leaf whose cumulative range holds it."""
         prefix = np.array(prefix, np.float64)
-        nodes = np.ones(len(prefix), np.int64)
-        for _ in range(self.depth):
-            left = nodes << 1
-            left_sum = self.sums[left]
-            right = prefix >= left_sum
-            prefix -= left_sum * right
-            nodes = left + right
-        return nodes - self.leaves
+        nodes = np.zeros(len(prefix), np.int64)  # the root, as the top level's parent
+        rows = np.arange(len(prefix))
+        for level in reversed(self.sums):
+            children = level[nodes[:, None] * self.fanout + self._children]
+            ends = np.cumsum(children, axis=1)
+            # Rounding can leave a prefix at or past its node's sum: keep it just inside, so the
+            # child chosen below is one with a positive sum (never a padding leaf).
+            prefix = np.minimum(prefix, np.nextafter(ends[:, -1], 0))
+            chosen = np.minimum((ends <= prefix[:, None]).sum(axis=1), self.fanout - 1)
+            prefix -= ends[rows, chosen] - children[rows, chosen]
+            nodes = nodes * self.fanout + chosen
+        return nodes
 
 
 class Prioritized:
@@ -149,10 +164,9 @@ class Prioritized:
 
     def sample(self, size: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
         # Stratified, as in the paper: one draw from each of batch_size equal slices of the total.
-        total = self.tree.total
-        prefix = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
-        # Rounding can put a prefix at the very total: keep it inside, and on a stored row.
-        return np.minimum(self.tree.find(np.minimum(prefix, np.nextafter(total, 0))), size - 1)
+        prefix = (np.arange(batch_size) + rng.random(batch_size)) * (self.tree.total / batch_size)
+        # find() lands on a positive leaf, a stored row, unless every row has been forgotten.
+        return np.minimum(self.tree.find(prefix), size - 1)
 
     def weights_of(self, idx: np.ndarray) -> np.ndarray:
         # (N P(i)) ** -beta over its largest value, which the smallest priority gives: N and the

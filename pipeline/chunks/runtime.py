@@ -14,12 +14,13 @@ import redis
 from clusterenv.pipeline.behaviour import EnvEpsilons
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.request import ChunkRequest
+from clusterenv.pipeline.chunks.slots import ActorSlots
 from clusterenv.pipeline.chunks.stream import StreamWriter
 from clusterenv.pipeline.chunks.takers import RedisChunkTakers
 from clusterenv.pipeline.envs.faults import EnvFault
 from clusterenv.pipeline.keys import RunKeys
 from clusterenv.pipeline.outbox import Outbox
-from clusterenv.pipeline.roles import TransitionWriter, WeightClient
+from clusterenv.pipeline.roles import SlotLease, TransitionWriter, WeightClient
 from clusterenv.pipeline.sync.client import RedisWeightClient
 from clusterenv.pipeline.sync.rules import parse_sync
 
@@ -33,7 +34,9 @@ class RunState:
     actor: Actor
     weights: WeightClient
     writer: TransitionWriter
-    actor_index: int
+    actor_index: int  # this process's start number in the run: its envs' seeds
+    slots: SlotLease
+    slot: int  # its slot in the run: its envs' rungs of an exploration ladder
     rng: np.random.Generator
 
     def close(self) -> None:
@@ -41,6 +44,10 @@ class RunState:
             self.actor.close()
         except Exception as exc:  # the user's env; the worker goes on without it either way
             log.warning("closing the envs failed: %s: %s", type(exc).__name__, exc)
+        try:
+            self.slots.release()
+        except redis.RedisError as exc:  # a dead process's slot is taken over anyway
+            log.warning("releasing actor slot %d failed: %s", self.slot, exc)
 
 
 class RunCache:
@@ -103,8 +110,12 @@ class WorkerRuntime:
 
     def _start_run(self, req: ChunkRequest) -> RunState:
         keys = RunKeys(req.run_id)
+        # Seeds from a counter (a restarted process's envs start new episodes, not its
+        # predecessor's again); the ladder's rungs from a slot (a restarted process takes its
+        # predecessor's: pipeline/chunks/slots.py).
         index = int(self.client.incr(keys.actor_counter)) - 1
         seeds = env_seeds(req.seed, index, req.num_envs)
+        slots = ActorSlots(self.client, keys, self.worker_name)
         rule = parse_sync(req.sync, req.max_lag_versions, req.max_lag_seconds, type(req.behaviour))
         actor = Actor(
             make_vector_env(req.env_id, req.env_kwargs, req.num_envs, training=True), seeds
@@ -115,6 +126,8 @@ class WorkerRuntime:
             weights=RedisWeightClient(self.client, keys, rule, actor.spaces.obs, self.outbox),
             writer=StreamWriter(self.client, keys, self.outbox),
             actor_index=index,
+            slots=slots,
+            slot=slots.claim(),
             rng=np.random.default_rng(seeds[0]),
         )
 
@@ -180,7 +193,7 @@ def collect_chunk(
 ) -> dict[str, Any] | None:
     """One chunk with a run's live state: sync check (which also sees a stopped run: None),
     act as the request's behaviour says, write; its summary."""
-    behaviour = req.behaviour.for_actor(state.actor_index, req.num_envs)
+    behaviour = req.behaviour.for_actor(state.slot, req.num_envs)
     policy = state.weights.sync(behaviour)
     if policy is None:
         return None
@@ -198,6 +211,7 @@ def collect_chunk(
         "chunk": chunk_id,
         "worker": worker_name,
         "actor": state.actor_index,
+        "slot": state.slot,
         "policy_version": state.weights.version,
         "divergence": state.weights.last_divergence,
         "env_steps": chunk.env_steps,

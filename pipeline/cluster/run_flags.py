@@ -25,7 +25,13 @@ class RedisRunFlags:
         keys = self.keys
         pipe = self.client.pipeline(transaction=False)
         pipe.set(keys.stop, 1, ex=RUN_KEYS_TTL_S)
-        for key in (keys.stream, keys.actor_counter, keys.weights_latest, keys.marker):
+        for key in (
+            keys.stream,
+            keys.actor_counter,
+            keys.actor_slots,
+            keys.weights_latest,
+            keys.marker,
+        ):
             pipe.expire(key, RUN_KEYS_TTL_S)
         pipe.execute()
 

@@ -20,7 +20,7 @@ from tests.learner.test_replay_and_limiter import rows, stacked_chunks
 
 def test_the_tree_keeps_its_sums_and_smallest_leaf_through_batched_updates():
     rng = np.random.default_rng(0)
-    tree, leaves = SumTree(1000), np.zeros(1000)
+    tree, leaves = SumTree(1000, fanout=4), np.zeros(1000)  # five levels
     for _ in range(50):
         idx = rng.integers(1000, size=64)  # repeats included
         values = rng.random(64) * 10
@@ -29,11 +29,31 @@ def test_the_tree_keeps_its_sums_and_smallest_leaf_through_batched_updates():
         assert set(tree.get(idx)) <= set(values)
         assert tree.total == pytest.approx(leaves.sum(), rel=1e-12)
         assert tree.min == leaves[leaves > 0].min()
-    # Every inner node is the sum of its children.
-    inner = np.arange(1, tree.leaves)
-    np.testing.assert_allclose(tree.sums[inner], tree.sums[2 * inner] + tree.sums[2 * inner + 1])
+    # Every inner node is the sum of its children, and holds their smallest positive value.
+    for below, level in enumerate(tree.sums[1:]):
+        kids = tree.sums[below].reshape(-1, tree.fanout)
+        np.testing.assert_allclose(level[: len(kids)], kids.sum(axis=1))
+        mins = tree.mins[below].reshape(-1, tree.fanout).min(axis=1)
+        np.testing.assert_array_equal(tree.mins[below + 1][: len(kids)], mins)
     tree.set(np.arange(1000), np.zeros(1000))
     assert tree.total == 0.0 and tree.min == np.inf
+
+
+def test_the_tree_finds_the_leaf_a_running_sum_gives_and_never_an_empty_one():
+    """find() against np.searchsorted over the leaves' cumulative sums, on a five-level tree with
+    a third of its leaves empty (rows never stored or forgotten); a prefix at the very total,
+    which rounding makes possible, lands on the last non-empty leaf, not on padding."""
+    rng = np.random.default_rng(5)
+    tree = SumTree(700, fanout=4)
+    leaves = rng.random(700) * (rng.random(700) > 0.33)
+    tree.set(np.arange(700), leaves)
+    prefix = rng.random(5000) * tree.total
+    expected = np.searchsorted(np.cumsum(leaves), prefix, side="right")
+    found = tree.find(prefix)
+    assert np.mean(found == expected) > 0.999  # a prefix within rounding of a boundary may differ
+    assert np.all(leaves[found] > 0)
+    assert tree.find(np.array([0.0]))[0] == np.flatnonzero(leaves)[0]
+    assert tree.find(np.array([tree.total]))[0] == np.flatnonzero(leaves)[-1]
 
 
 def test_rows_are_drawn_in_proportion_to_their_priorities():
@@ -154,7 +174,9 @@ def test_a_checkpoint_keeps_the_priorities():
     arrays, values = a.save()
     b = learner(cfg, make(), seed=9)
     b.restore(arrays, values)
-    np.testing.assert_array_equal(b.replay.sampler.tree.sums, a.replay.sampler.tree.sums)
+    np.testing.assert_array_equal(
+        b.replay.sampler.tree.get(np.arange(32)), a.replay.sampler.tree.get(np.arange(32))
+    )
     assert b.replay.sampler.max_priority == a.replay.sampler.max_priority
     # A uniform run's checkpoint gives every stored row the largest priority.
     c = learner(cfg, make(), seed=9)

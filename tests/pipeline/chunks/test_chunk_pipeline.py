@@ -116,19 +116,19 @@ def test_each_actor_env_keeps_its_ladder_epsilon_from_chunk_to_chunk(
     workers, celery_app, client, run_id
 ):
     """Ape-X's ladder over 12 actor envs: a worker process's envs take the ladder's slots from
-    its actor index, the same in every chunk it collects, in both batches of tasks."""
+    its actor slot, the same in every chunk it collects, in both batches of tasks."""
     RedisWeightSource(client, RunKeys(run_id)).publish(POLICY)
     ladder = EpsilonLadder(0.4, 7.0, size=12)
     seen: dict[int, set[tuple[float, ...]]] = defaultdict(set)
     for batch in (range(0, 8), range(8, 16)):  # two rounds of tasks, apart in time
         _, got = collect(celery_app, client, run_id, batch, num_envs=3, steps=5, behaviour=ladder)
         for header, _ in got:
-            seen[header["actor"]].add(tuple(header["epsilons"]))
+            seen[header["slot"]].add(tuple(header["epsilons"]))
     assert len(seen) >= 1
-    for actor, epsilons in seen.items():
-        assert len(epsilons) == 1, f"actor {actor} acted with {epsilons}"
+    for slot, epsilons in seen.items():
+        assert len(epsilons) == 1, f"slot {slot} acted with {epsilons}"
         (eps,) = epsilons
-        np.testing.assert_allclose(eps, ladder.epsilons(actor * 3, 3), atol=1e-6)  # 6 decimals
+        np.testing.assert_allclose(eps, ladder.epsilons(slot * 3, 3), atol=1e-6)  # 6 decimals
 
 
 def test_a_chunk_delivered_twice_is_ingested_once(workers, celery_app, client, run_id):

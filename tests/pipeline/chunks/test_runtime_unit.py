@@ -10,7 +10,7 @@ from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.chunks.runtime import RunCache, RunState, collect_chunk, merge_summaries
 from clusterenv.pipeline.policy import NumpyMLP, log_softmax, sample_categorical
-from tests.fakes import FakeActor, FakeWeightClient, FakeWriter, net
+from tests.fakes import FakeActor, FakeSlots, FakeWeightClient, FakeWriter, net
 
 
 def fake_state(version: int = 0) -> RunState:
@@ -19,6 +19,8 @@ def fake_state(version: int = 0) -> RunState:
         weights=FakeWeightClient(net(0), version=version),
         writer=FakeWriter(),
         actor_index=0,
+        slots=FakeSlots(),
+        slot=0,
         rng=np.random.default_rng(0),
     )
 
@@ -32,6 +34,7 @@ def test_run_cache_evicts_and_closes_the_least_recently_used_run():
     cache.put("c", c)
     assert "b" not in cache and "a" in cache and "c" in cache and len(cache) == 2
     assert b.actor.closed == 1 and a.actor.closed == 0 and c.actor.closed == 0
+    assert b.slots.released == 1 and a.slots.released == 0  # an evicted run's slot goes back
     assert cache.get("b") is None
 
 
@@ -80,6 +83,8 @@ def cartpole_state(weights: FakeWeightClient, writer: FakeWriter, num_envs: int)
         weights=weights,
         writer=writer,
         actor_index=3,
+        slots=FakeSlots(2),
+        slot=2,
         rng=np.random.default_rng(seeds[0]),
     )
 
@@ -104,6 +109,7 @@ def test_collect_chunk_writes_a_header_and_returns_the_summary():
         "chunk": 11,
         "worker": "w1:42",
         "actor": 3,
+        "slot": 2,
         "policy_version": 7,
         "divergence": 0.25,
         "env_steps": 30,
