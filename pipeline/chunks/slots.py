@@ -10,6 +10,10 @@ A holder ("hostname:pid", tasks/collect.py) counts as dead when its worker's reg
 has lapsed (a lost machine, a SIGKILLed worker) or, for a process of this worker, when its pid is
 gone (a prefork child replaced while the worker lives on: the heartbeat is the worker's, not the
 child's).
+
+The gap: a replacement that starts on another worker before the dead one's heartbeat has lapsed
+(its TTL, celeryconfig's clusterenv_heartbeat_ttl_s) finds no dead slot and takes a new one; the
+dead slot goes to the next process that starts.
 """
 
 from __future__ import annotations
