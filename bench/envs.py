@@ -42,6 +42,16 @@ gym.register("MinAtar/SlowBreakout-v1", entry_point=_slow_minatar_breakout)
 SLOW_MINATAR_BREAKOUT = "bench.envs:MinAtar/SlowBreakout-v1"
 
 
+def _slow_pendulum(delay_s: float = 0.004, **kwargs: Any) -> gym.Env:
+    return SlowStep(gym.make("Pendulum-v1", **kwargs), delay_s)
+
+
+# Issue 33's expensive continuous env. A namespaced id takes its base name's preset, so both
+# systems run Pendulum-v1's SAC preset on it (learner/tools/presets.py).
+gym.register("Slow/Pendulum-v1", entry_point=_slow_pendulum)
+SLOW_PENDULUM = "bench.envs:Slow/Pendulum-v1"
+
+
 class SimulatedCrash(RuntimeError):
     """What a Flaky env raises."""
 

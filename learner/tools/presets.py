@@ -47,16 +47,18 @@ def apply_preset(cfg: TrainConfig, values: dict[str, Any], env: str) -> None:
 
 def defaults_for(env: str, algo: str, use_preset: bool, path: Path = PRESETS_FILE) -> TrainConfig:
     """The config that flags are parsed on top of: the defaults, then `algo`'s values for every
-    env, for the env's family (`"FAMILY/*"`, e.g. `"MinAtar/*"`) and its own entry for `env`,
-    where the file has them."""
+    env, for the env's family (`"FAMILY/*"`, e.g. `"MinAtar/*"`), for its name without the
+    family (`"Slow/Pendulum-v1"` takes `"Pendulum-v1"`'s) and its own entry for `env`, where the
+    file has them, each over the one before."""
     cfg = TrainConfig.for_algo(algo, env=env, preset=use_preset)
     tables = load_presets(path).get(algo, {}) if use_preset else {}
     # Gymnasium's "module:" prefix (an id registered on import, e.g. a bench's
-    # "bench.envs:MinAtar/SlowBreakout-v1") is not part of the family.
+    # "bench.envs:MinAtar/SlowBreakout-v1") is not part of the id the file names.
     plain = env.rpartition(":")[2]
-    family = f"{plain.split('/')[0]}/*" if "/" in plain else None
+    namespace, _, name = plain.rpartition("/")
+    family, base = (f"{namespace}/*", name) if namespace else (None, None)
     for key, where in ((EVERY_ENV, f"{algo} on every env"), (family, f"{algo} on {family}"),
-                       (env, f"{algo} on {env}")):  # fmt: skip
+                       (base, f"{algo} on {base}"), (plain, f"{algo} on {plain}")):  # fmt: skip
         if key is not None and tables.get(key):
             apply_preset(cfg, tables[key], where)
     return cfg

@@ -155,6 +155,12 @@ def test_a_family_entry_reaches_every_env_of_the_family_below_its_own_entry(tmp_
     assert defaults_for("Other/Y-v0", "dqn", use_preset=True, path=path).agent.lr == 0.1
     # Gymnasium's "module:" prefix is not part of the family (bench.envs' slow MinAtar Breakout).
     assert defaults_for("my.envs:Fam/Z-v0", "dqn", use_preset=True, path=path).agent.lr == 0.2
+    assert defaults_for("my.envs:Fam/X-v0", "dqn", use_preset=True, path=path).agent.lr == 0.3
+    # A namespaced id takes its base name's entry over its family's (bench.envs' Slow/Pendulum-v1).
+    path.write_text('[dqn."Fam/*"]\nlr = 0.2\n[dqn."B-v0"]\nlr = 0.4\n')
+    assert defaults_for("my.envs:Fam/B-v0", "dqn", use_preset=True, path=path).agent.lr == 0.4
+    slow = parse_train(["--algo", "sac", "--env", "bench.envs:Slow/Pendulum-v1"])
+    assert (slow.agent.lr, slow.total_steps) == (1e-3, 20_000)  # Pendulum-v1's SAC preset
 
 
 def test_atari_games_take_rl_zoos_atari_dqn_in_this_learners_units():
