@@ -189,7 +189,8 @@ class ScriptedWorkers:
     whose env fails at once sends: a header alone. With `dying` set to (hostname, n), the next n
     collect tasks are taken by that worker and never answered; then its heartbeat lapses (it is
     withdrawn from `workers`). With `silent_evals`, evaluation parts are taken and never answered
-    (a worker stuck where nothing cuts it off)."""
+    (a worker stuck where nothing cuts it off). A request with `priority_n_step` gets a random
+    `priority` column (what a worker's TD errors would be)."""
 
     def __init__(self, transitions: FakeTransitions, evals: FakeEvalResults,
                  weights: FakeWeightSource, takers: FakeChunkTakers, workers: FakeWorkerDirectory,
@@ -203,6 +204,7 @@ class ScriptedWorkers:
         self.rng = np.random.default_rng(seed)
         self.tasks: dict[str, int] = {}
         self.last_behaviour: dict[str, Any] | None = None  # of the newest collect task
+        self.last_request: dict[str, Any] = {}
 
     def __call__(self, name: str, kwargs: dict[str, Any]) -> None:
         self.tasks[name] = self.tasks.get(name, 0) + 1
@@ -215,7 +217,7 @@ class ScriptedWorkers:
                 "returns": [self.eval_return] * len(kwargs["seeds"]), "worker": "worker-0",
             }))  # fmt: skip
             return
-        self.last_behaviour = kwargs["behaviour"]
+        self.last_behaviour, self.last_request = kwargs["behaviour"], kwargs
         rows, ids = (
             kwargs["num_envs"] * kwargs["steps"],
             range(kwargs["chunk_id"], kwargs["chunk_id"] + kwargs["chunks"]),
@@ -242,6 +244,8 @@ class ScriptedWorkers:
                 "env_index": np.tile(np.arange(kwargs["num_envs"], dtype=np.int32), kwargs["steps"]),
                 "logp": np.full(rows, np.log(0.5), np.float32),
             }  # fmt: skip
+            if kwargs.get("priority_n_step"):
+                arrays["priority"] = self.rng.exponential(size=rows).astype(np.float32)
             header = {"run": kwargs["run_id"], "chunk": chunk, "worker": "worker-0",
                       "policy_version": self.weights.version, "env_steps": rows,
                       "sync": {"weight_fetches": 1}, "episodes": [[20.0, 20]]}  # fmt: skip

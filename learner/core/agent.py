@@ -74,3 +74,5 @@ class Agent:
     behaviour: Callable[[int, int], Behaviour]
     max_lag_versions: int  # the APS version guard the workers are sent (0: none)
     extra_specs: dict[str, ArraySpec] = field(default_factory=dict)  # arrays beyond transitions
+    # ChunkRequest fields the agent sets in every request (DQN's worker-computed priorities).
+    task_fields: dict[str, Any] = field(default_factory=dict)

@@ -12,6 +12,8 @@ from clusterenv.learner.replay.frames import FrameReplay
 from clusterenv.learner.replay.priorities import Prioritized, Sampler, Uniform
 from clusterenv.learner.replay.rate_limiter import replay_limiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
+from clusterenv.pipeline.chunks.priorities import PRIORITY
+from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.spaces import SpaceSpecs
 
 
@@ -38,4 +40,8 @@ def build_dqn(cfg: TrainConfig[DQNConfig], spaces: SpaceSpecs) -> Agent:
         total_steps=cfg.total_steps, save_replay=cfg.checkpoint.checkpoint_replay,
         device=cfg.torch_device(),
     )  # fmt: skip
-    return Agent(learner, limiter, d.publish_every, d.behaviour, cfg.weights.max_lag_versions)
+    agent = Agent(learner, limiter, d.publish_every, d.behaviour, cfg.weights.max_lag_versions)
+    if d.initial_priority == "worker":  # each row's |TD error| from its worker (Ape-X)
+        agent.extra_specs = {PRIORITY: ArraySpec("<f4", ())}
+        agent.task_fields = {"priority_n_step": d.n_step, "priority_gamma": d.gamma}
+    return agent

@@ -34,7 +34,7 @@ class DQNConfig:
     n_step: int = 1
     """n-step returns: each row's target sums up to N rewards of its env and bootstraps from the
     N-th next state (discounted gamma**N), stopping at an episode's end and at its chunk's end;
-    computed at ingest (learner/dqn/n_step.py). 1: one-step targets"""
+    computed at ingest (pipeline/n_step.py). 1: one-step targets"""
     hidden: str = "256,256"
     """hidden layer sizes of the Q-network, comma-separated"""
     torso: Torso = "auto"
@@ -63,6 +63,10 @@ class DQNConfig:
     """prioritized replay (Schaul et al. 2016, proportional): rows drawn in proportion to
     (|TD error| + 1e-6) ** --priority-alpha, a new row at the largest priority so far (Rainbow),
     importance weights in the loss (learner/replay/priorities.py)"""
+    initial_priority: Literal["max", "worker"] = "max"
+    """a new row's priority with --prioritized: max, the largest so far (Rainbow); worker, its
+    |n-step TD error| under the worker's own copy of the network, sent with the row (Ape-X;
+    pipeline/chunks/priorities.py)"""
     priority_alpha: float = 0.6
     """how much priorities count (0: uniform; the paper's 0.6)"""
     priority_beta: float = 0.4
@@ -101,6 +105,8 @@ class DQNConfig:
             raise ValueError("need 0 <= --ladder-epsilon <= 1 and --ladder-alpha >= 0")
         if not 0.0 <= self.priority_alpha <= 1.0 or not 0.0 <= self.priority_beta <= 1.0:
             raise ValueError("need 0 <= --priority-alpha <= 1 and 0 <= --priority-beta <= 1")
+        if self.initial_priority == "worker" and not self.prioritized:
+            raise ValueError("--initial-priority worker needs --prioritized")
         hidden_sizes(self.hidden)
 
     def epsilon(self, env_steps: int) -> float:

@@ -27,12 +27,12 @@ from clusterenv.learner.core.networks import (
     save_training,
 )
 from clusterenv.learner.dqn.config import DQNConfig
-from clusterenv.learner.dqn.n_step import n_step_returns
 from clusterenv.learner.replay.frames import FrameReplay
 from clusterenv.learner.replay.priorities import Prioritized
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.saved import restore_replay, save_replay
 from clusterenv.learner.replay.uniform import ReplayBuffer
+from clusterenv.pipeline.n_step import n_step_returns
 
 
 class DQNLearner:

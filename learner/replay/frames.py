@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from clusterenv.learner.replay.priorities import Rows, Sampler, Uniform
+from clusterenv.pipeline.chunks.priorities import PRIORITY
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.frames import FRAMES, NEXT_FRAMES, OBS_FRAMES
 
@@ -83,7 +84,7 @@ class FrameReplay:
             self.reward[idx] = arrays["reward"]
             self.terminated[idx] = arrays["terminated"]
             self.n_steps[idx] = arrays.get("n_steps", 1)
-            self.rows.written(idx, self.inserted, self.sampler)
+            self.rows.written(idx, self.inserted, self.sampler, arrays.get(PRIORITY))
             self.pos = int((self.pos + n) % self.capacity)
             self.size = min(self.capacity, self.size + n)
             self.inserted += n

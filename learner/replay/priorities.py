@@ -30,8 +30,9 @@ class Sampler(Protocol):
         """`batch_size` row indexes below `size` (their weights: `weights_of`)."""
         ...
 
-    def inserted(self, idx: np.ndarray) -> None:
-        """Rows `idx` were just (over)written with new transitions."""
+    def inserted(self, idx: np.ndarray, td_errors: np.ndarray | None = None) -> None:
+        """Rows `idx` were just (over)written with new transitions (whose TD errors a worker
+        computed, where it did)."""
         ...
 
     def weights_of(self, idx: np.ndarray) -> np.ndarray | None:
@@ -63,7 +64,7 @@ class Uniform:
     def sample(self, size: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
         return rng.integers(size, size=batch_size)
 
-    def inserted(self, idx: np.ndarray) -> None:
+    def inserted(self, idx: np.ndarray, td_errors: np.ndarray | None = None) -> None:
         pass
 
     def weights_of(self, idx: np.ndarray) -> None:
@@ -159,8 +160,12 @@ class Prioritized:
         self.alpha, self.beta, self.eps = alpha, beta, eps
         self.max_priority = 1.0  # the largest p_i so far (already raised to alpha)
 
-    def inserted(self, idx: np.ndarray) -> None:
-        self.tree.set(idx, np.full(len(idx), self.max_priority))
+    def inserted(self, idx: np.ndarray, td_errors: np.ndarray | None = None) -> None:
+        """New rows at the largest priority so far (Rainbow), or at their TD errors' (Ape-X)."""
+        if td_errors is None:
+            self.tree.set(idx, np.full(len(idx), self.max_priority))
+        else:
+            self.update(idx, td_errors)
 
     def sample(self, size: int, batch_size: int, rng: np.random.Generator) -> np.ndarray:
         # Stratified, as in the paper: one draw from each of batch_size equal slices of the total.
@@ -211,9 +216,15 @@ class Rows:
     def __init__(self, capacity: int):
         self.serial = np.zeros(capacity, np.int64)
 
-    def written(self, idx: np.ndarray, inserted_before: int, sampler: Sampler) -> None:
+    def written(
+        self,
+        idx: np.ndarray,
+        inserted_before: int,
+        sampler: Sampler,
+        td_errors: np.ndarray | None = None,
+    ) -> None:
         self.serial[idx] = inserted_before + np.arange(len(idx))
-        sampler.inserted(idx)
+        sampler.inserted(idx, td_errors)
 
     def save(self, rows: int) -> dict[str, np.ndarray]:
         return {"serial": self.serial[:rows].copy()}

@@ -9,11 +9,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from clusterenv.learner.replay.priorities import Rows, Sampler, Uniform
+from clusterenv.pipeline.chunks.priorities import PRIORITY
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.spaces import DiscreteActions
 
 # The stored arrays, named as `add` and `sample` name them. `n_steps`: the length of the row's
-# return window (learner/dqn/n_step.py; 1 for one-step rows): its bootstrap is discounted by
+# return window (pipeline/n_step.py; 1 for one-step rows): its bootstrap is discounted by
 # gamma ** n_steps.
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "n_steps")
 
@@ -55,7 +56,9 @@ class ReplayBuffer:
         next_obs: np.ndarray,
         terminated: np.ndarray,
         n_steps: np.ndarray | int = 1,
+        td_errors: np.ndarray | None = None,
     ) -> None:
+        """Rows in insertion order (`td_errors`: the workers' initial priorities, if sent)."""
         n = len(action)
         if n == 0:
             return
@@ -68,6 +71,7 @@ class ReplayBuffer:
             )
             next_obs, terminated = next_obs[-self.capacity :], terminated[-self.capacity :]
             n_steps, n = n_steps[-self.capacity :], self.capacity
+            td_errors = None if td_errors is None else td_errors[-self.capacity :]
         with self._lock:
             idx = (self.pos + np.arange(n)) % self.capacity
             self.obs[idx] = obs
@@ -76,17 +80,17 @@ class ReplayBuffer:
             self.reward[idx] = reward
             self.terminated[idx] = terminated
             self.n_steps[idx] = n_steps
-            self.rows.written(idx, self.inserted, self.sampler)
+            self.rows.written(idx, self.inserted, self.sampler, td_errors)
             self.pos = int((self.pos + n) % self.capacity)
             self.size = min(self.capacity, self.size + n)
             self.inserted += n
 
     def insert(self, arrays: Mapping[str, np.ndarray]) -> int:
-        """One chunk's transitions (its `obs`, `action`, `reward`, `next_obs`, `terminated`, and
-        `n_steps` where n-step returns were made of them)."""
+        """One chunk's transitions (its `obs`, `action`, `reward`, `next_obs`, `terminated`,
+        `n_steps` where n-step returns were made of them, `priority` where workers sent one)."""
         a = arrays
         self.add(a["obs"], a["action"], a["reward"], a["next_obs"], a["terminated"],
-                 a.get("n_steps", 1))  # fmt: skip
+                 a.get("n_steps", 1), a.get(PRIORITY))  # fmt: skip
         return len(a["action"])
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -171,6 +171,7 @@ def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str
         "num_envs": cfg.collection.envs_per_worker, "steps": cfg.collection.chunk_steps,
         "seed": cfg.seed, "sync": w.sync, "max_lag_versions": agent.max_lag_versions,
         "max_lag_seconds": w.max_lag_seconds, "time_limit_s": cfg.chunk_time_limit_s(),
+        **agent.task_fields,
     }  # fmt: skip
     dispatcher = Dispatcher(broker.send, broker.workers.alive_processes, template,
                             cfg.collection.chunk_env_steps, cfg.dispatch)  # fmt: skip

@@ -35,6 +35,10 @@ class ChunkRequest(TaskArgs):
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     chunks: int = 1
     time_limit_s: float = 0.0  # a chunk running longer is cut off as a hung env (0: no limit)
+    # DQN with worker-computed initial priorities (pipeline/chunks/priorities.py): each row gets
+    # its |TD error| over this n-step window and discount (0: no priorities sent).
+    priority_n_step: int = 0
+    priority_gamma: float = 0.0
 
     def chunk_ids(self) -> range:
         """The ids of the chunks this task collects."""
@@ -51,6 +55,11 @@ class ChunkRequest(TaskArgs):
             raise TaskArgsError("max_lag_versions and max_lag_seconds must be >= 0")
         if not 0 <= self.time_limit_s < float("inf"):
             raise TaskArgsError(f"time_limit_s must be finite and >= 0, got {self.time_limit_s}")
+        if not 0 <= self.priority_n_step <= 255 or not 0.0 <= self.priority_gamma <= 1.0:
+            raise TaskArgsError(
+                f"priority_n_step must be in [0, 255] and priority_gamma in [0, 1], got "
+                f"{self.priority_n_step}, {self.priority_gamma}"
+            )
         try:
             parse_sync(self.sync, self.max_lag_versions, self.max_lag_seconds, type(self.behaviour))
         except ValueError as exc:

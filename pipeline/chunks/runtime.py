@@ -13,6 +13,7 @@ import redis
 
 from clusterenv.pipeline.behaviour import EnvEpsilons
 from clusterenv.pipeline.chunks.actor import Actor, env_seeds, make_vector_env
+from clusterenv.pipeline.chunks.priorities import q_columns, with_priorities
 from clusterenv.pipeline.chunks.request import ChunkRequest
 from clusterenv.pipeline.chunks.slots import ActorSlots
 from clusterenv.pipeline.chunks.stream import StreamWriter
@@ -197,13 +198,19 @@ def collect_chunk(
     policy = state.weights.sync(behaviour)
     if policy is None:
         return None
-    to_env = state.actor.spaces.action.from_index
+    to_env, prioritize = state.actor.spaces.action.from_index, req.priority_n_step > 0
 
     def act(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        index, extra = behaviour.act(policy(obs), state.rng)
+        outputs = policy(obs)
+        index, extra = behaviour.act(outputs, state.rng)
+        if prioritize:  # the Q-values acting saw, for the rows' initial priorities
+            extra = {**extra, **q_columns(outputs, index)}
         return to_env(index), extra
 
     chunk = state.actor.collect(act, req.steps, req.time_limit_s, stopping)
+    arrays = chunk.arrays
+    if prioritize and len(arrays["action"]):
+        arrays = with_priorities(arrays, policy, req.priority_n_step, req.priority_gamma)
     state.weights.record_steps(chunk.env_steps)
     counters = state.weights.counters_json()
     header = {
@@ -218,7 +225,7 @@ def collect_chunk(
         "episodes": chunk.episodes,
         "sync": counters,
     }
-    transitions = len(chunk.arrays["action"])
+    transitions = len(arrays["action"])
     if chunk.fault is not None:
         header["env_error"] = chunk.fault.report()
     if chunk.preempted:
@@ -226,7 +233,7 @@ def collect_chunk(
     if isinstance(behaviour, EnvEpsilons):  # a ladder: which ε each of this actor's envs had
         header["epsilons"] = list(behaviour.epsilons)
     # A chunk without a transition (its env failed on the first step) is a header alone.
-    nbytes = state.writer.write(header, chunk.arrays if transitions else {})
+    nbytes = state.writer.write(header, arrays if transitions else {})
     summary = {
         "chunk": chunk_id,
         "worker": worker_name,

@@ -9,6 +9,7 @@ import re
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from clusterenv.learner.config import TrainConfig
@@ -203,3 +204,21 @@ def test_a_ladder_run_sends_a_ladder_over_the_live_actor_envs(tmp_path):
     envs = cfg.collection.envs_per_worker
     assert cluster.send.last_behaviour == {"kind": "epsilon_ladder", "epsilon": 0.4, "alpha": 7.0,
                                            "size": 3 * envs}  # fmt: skip
+
+
+def test_a_run_with_worker_priorities_asks_the_workers_for_them_and_replay_starts_rows_there(
+    tmp_path,
+):
+    """--initial-priority worker: every request carries the n-step window and discount, and the
+    rows enter replay at their workers' priorities, not all at one largest value."""
+    cluster = FakeCluster()
+    cfg = small()
+    cfg.agent.prioritized, cfg.agent.initial_priority, cfg.agent.n_step = True, "worker", 3
+    cfg.agent.learning_starts = 10**6  # no update: every priority is still the worker's
+    run = Run.create(cfg, cluster.factory, run_dir(tmp_path), "run-p")
+    run.run()
+    request = cluster.send.last_request
+    assert (request["priority_n_step"], request["priority_gamma"]) == (3, cfg.agent.gamma)
+    sampler = run.agent.learner.replay.sampler
+    leaves = sampler.tree.get(np.arange(run.agent.learner.replay.size))
+    assert len(np.unique(leaves)) > len(leaves) // 2  # each its own, from the worker's column

@@ -95,6 +95,26 @@ def test_a_new_row_gets_the_largest_priority_so_far():
     assert leaves[4] == leaves[5] == pytest.approx(leaves.max())
 
 
+def test_a_row_a_worker_sent_with_its_td_error_starts_at_that_priority():
+    """Ape-X's initial priorities (`--initial-priority worker`): the chunk's `priority` column
+    becomes (|delta| + eps) ** alpha, also in the frame replay; the largest so far follows it."""
+    sampler = Prioritized(16, alpha=0.5, beta=0.4, eps=0.0)
+    rb = ReplayBuffer(16, (2,), np.float32, sampler=sampler)
+    obs, action, reward, next_obs, terminated = rows(0, 4)
+    td = np.array([0.25, 4.0, 1.0, 9.0], np.float32)
+    rb.insert({"obs": obs, "action": action, "reward": reward, "next_obs": next_obs,
+               "terminated": terminated, "priority": td})  # fmt: skip
+    np.testing.assert_allclose(sampler.tree.get(np.arange(4)), [0.5, 2.0, 1.0, 3.0])
+    assert sampler.max_priority == 3.0
+    chunks, spaces = stacked_chunks(1, 2)
+    chunk = chunks[0][0]
+    assert len(chunk["action"]) == 4  # two envs x two steps
+    frames = FrameReplay(64, 4, spaces.frame, spaces.action.array,
+                         sampler=Prioritized(64, 0.5, 0.4, 0.0))  # fmt: skip
+    frames.insert(chunk | {"priority": td})
+    np.testing.assert_allclose(frames.sampler.tree.get(np.arange(4)), [0.5, 2.0, 1.0, 3.0])
+
+
 def test_a_priority_for_a_row_overwritten_since_it_was_sampled_is_dropped():
     """The ingest thread may overwrite a sampled row before the learner's update comes back: the
     new transition there keeps its own (largest) priority, not the old row's TD error."""

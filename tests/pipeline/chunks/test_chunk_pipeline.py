@@ -23,6 +23,7 @@ from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.spaces import SpaceSpecs
 from clusterenv.pipeline.sync.source import RedisWeightSource
 from tests.fakes import CARTPOLE, url_of
+from tests.pipeline.chunks.test_runtime_unit import brute_force_priorities
 
 # A fixed linear policy (push towards the pole's lean; episodes of ~25-50 steps), so ingested data can be replayed locally.
 POLICY = {
@@ -55,16 +56,17 @@ GREEDY = EpsilonGreedy(0.0)
 
 
 def collect(celery_app, client, run_id, chunk_ids, num_envs, steps, per_task=1, timeout_s=30.0,
-            behaviour=GREEDY):  # fmt: skip
-    """Send one task per `per_task` chunk ids (each task starting at one of `chunk_ids`)."""
+            behaviour=GREEDY, extra=None, **fields):  # fmt: skip
+    """Send one task per `per_task` chunk ids (each task starting at one of `chunk_ids`); the
+    reader expects the `extra` arrays, the requests carry the ChunkRequest `fields`."""
     keys = RunKeys(run_id)
     reader = StreamReader(
         connect(url_of(client), blocking=True),
-        keys, CARTPOLE,
+        keys, CARTPOLE, extra,
     )  # fmt: skip
     for cid in chunk_ids:
         req = ChunkRequest(run_id, cid, "CartPole-v1", num_envs, steps, seed=5, behaviour=behaviour,
-                           env_kwargs=ENV_KWARGS, chunks=per_task)  # fmt: skip
+                           env_kwargs=ENV_KWARGS, chunks=per_task, **fields)  # fmt: skip
         celery_app.send_task(COLLECT_CHUNK_TASK, kwargs=req.to_json())
     expected = len(chunk_ids) * per_task
     got: list[tuple[dict, dict]] = []
@@ -129,6 +131,23 @@ def test_each_actor_env_keeps_its_ladder_epsilon_from_chunk_to_chunk(
         assert len(epsilons) == 1, f"slot {slot} acted with {epsilons}"
         (eps,) = epsilons
         np.testing.assert_allclose(eps, ladder.epsilons(slot * 3, 3), atol=1e-6)  # 6 decimals
+
+
+def test_workers_send_each_rows_td_error_when_asked_and_the_reader_takes_it(
+    workers, celery_app, client, run_id
+):
+    """--initial-priority worker through real workers and the stream: each chunk carries a
+    `priority` column, each row's |n-step TD error| under the published policy (recomputed here
+    from the rows that arrived), and nothing of the Q-values acting kept."""
+    RedisWeightSource(client, RunKeys(run_id)).publish(POLICY)
+    _, got = collect(celery_app, client, run_id, range(4), num_envs=3, steps=30,
+                     behaviour=EpsilonGreedy(0.2), extra={"priority": ArraySpec("<f4", ())},
+                     priority_n_step=3, priority_gamma=0.9)  # fmt: skip
+    assert len(got) == 4
+    for _, arrays in got:
+        assert not {"q_taken", "q_max"} & set(arrays)
+        expected = brute_force_priorities(arrays, NumpyMLP(POLICY), 3, 0.9)
+        np.testing.assert_allclose(arrays["priority"], expected, rtol=1e-4, atol=1e-5)
 
 
 def test_a_chunk_delivered_twice_is_ingested_once(workers, celery_app, client, run_id):

@@ -202,3 +202,40 @@ def test_sample_categorical_follows_the_softmax():
     freq = np.bincount(actions, minlength=3) / len(actions)
     np.testing.assert_allclose(freq, [0.25, 0.75, 0.0], atol=0.015)
     np.testing.assert_allclose(logp[actions == 1], np.log(0.75), rtol=1e-5)
+
+
+def brute_force_priorities(arrays: dict, policy, n: int, gamma: float) -> np.ndarray:
+    """Each row's |n-step TD error|, one row at a time: its env's next rows up to n, stopped at
+    an episode's end or the env's last row; the bootstrap from the window's last next_obs."""
+    out = np.zeros(len(arrays["action"]))
+    for i in range(len(out)):
+        env_rows = np.flatnonzero(arrays["env_index"] == arrays["env_index"][i])
+        window = [i]
+        for j in env_rows[env_rows > i]:
+            tail = window[-1]
+            if len(window) == n or arrays["terminated"][tail] or arrays["truncated"][tail]:
+                break
+            window.append(j)
+        ret = sum(gamma**k * float(arrays["reward"][r]) for k, r in enumerate(window))
+        tail = window[-1]
+        boot = 0.0 if arrays["terminated"][tail] else policy(arrays["next_obs"][[tail]]).max()
+        q = policy(arrays["obs"][[i]])[0, arrays["action"][i]]
+        out[i] = abs(ret + gamma ** len(window) * boot - q)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_worker_priorities_equal_each_rows_n_step_td_error_under_the_workers_network(n):
+    """collect_chunk with priority_n_step: the chunk carries `priority` (not the Q columns acting
+    kept) equal to a row-by-row computation, across terminations, time limits and chunk ends."""
+    weights, writer = FakeWeightClient(net(0)), FakeWriter()
+    state = cartpole_state(weights, writer, num_envs=3)
+    req = ChunkRequest("run-x", 0, "CartPole-v1", 3, 40, seed=1, behaviour=EpsilonGreedy(0.3),
+                       priority_n_step=n, priority_gamma=0.9)  # fmt: skip
+    collect_chunk(state, req, 0, "w")
+    state.close()
+    _, arrays = writer.written[0]
+    assert "priority" in arrays and not {"q_taken", "q_max"} & set(arrays)
+    assert arrays["terminated"].any() and arrays["truncated"].any()  # episodes of at most 10
+    expected = brute_force_priorities(arrays, NumpyMLP(net(0)), n, 0.9)
+    np.testing.assert_allclose(arrays["priority"], expected, rtol=1e-4, atol=1e-5)

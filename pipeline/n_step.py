@@ -1,4 +1,5 @@
-"""n-step returns (`--n-step N`), computed at ingest from one chunk's rows.
+"""n-step returns (`--n-step N`), computed at ingest from one chunk's rows (and by workers that
+compute their rows' initial priorities: pipeline/chunks/priorities.py).
 
 Where: on the learner, per chunk, as the chunk enters replay. A chunk holds each actor env's rows
 in time order (`env_index`; pipeline/chunks/actor.py drops the autoreset step, so an episode ends
@@ -30,10 +31,11 @@ from clusterenv.pipeline.frames import NEXT_FRAMES
 STEPS = "n_steps"
 
 
-def n_step_returns(arrays: Mapping[str, np.ndarray], n: int, gamma: float) -> dict[str, np.ndarray]:
-    """The chunk's rows with `reward` the n-step return, `next_obs` (or `next_frames`) and
-    `terminated` those of the window's last row, and `n_steps` its length; other columns as they
-    were. Rows keep their order."""
+def n_step_windows(
+    arrays: Mapping[str, np.ndarray], n: int, gamma: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row of the chunk, in the chunk's order: its n-step return R, its window's last row
+    (`tail`, an index into the chunk) and the window's length k."""
     env = arrays["env_index"]
     done = arrays["terminated"].astype(bool) | arrays["truncated"].astype(bool)
     rows = len(env)
@@ -56,11 +58,28 @@ def n_step_returns(arrays: Mapping[str, np.ndarray], n: int, gamma: float) -> di
     # Back to the chunk's row order.
     inverse = np.empty(rows, np.int64)
     inverse[order] = np.arange(rows)
-    tail = order[last][inverse]  # each row's window's last row, by original index
+    return ret[inverse], order[last][inverse], steps[inverse]
+
+
+def next_rows(env_index: np.ndarray) -> np.ndarray:
+    """Per row, the row of the same env's next step in the chunk (-1 for an env's last row).
+    Across an episode's end it is the new episode's first step: callers check `done`."""
+    order = np.argsort(env_index, kind="stable")
+    following = np.full(len(order), -1, np.int64)
+    same = env_index[order[1:]] == env_index[order[:-1]]
+    following[order[:-1][same]] = order[1:][same]
+    return following
+
+
+def n_step_returns(arrays: Mapping[str, np.ndarray], n: int, gamma: float) -> dict[str, np.ndarray]:
+    """The chunk's rows with `reward` the n-step return, `next_obs` (or `next_frames`) and
+    `terminated` those of the window's last row, and `n_steps` its length; other columns as they
+    were. Rows keep their order."""
+    ret, tail, steps = n_step_windows(arrays, n, gamma)
     out = dict(arrays)
-    out["reward"] = ret[inverse].astype(np.float32)
+    out["reward"] = ret.astype(np.float32)
     next_name = NEXT_FRAMES if NEXT_FRAMES in arrays else "next_obs"
     out[next_name] = arrays[next_name][tail]
     out["terminated"] = arrays["terminated"][tail]
-    out[STEPS] = steps[inverse].astype(np.uint8)
+    out[STEPS] = steps.astype(np.uint8)
     return out

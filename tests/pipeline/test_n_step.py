@@ -1,4 +1,4 @@
-"""n-step returns at ingest (learner/dqn/n_step.py) against a hand computation, across a
+"""n-step returns at ingest (pipeline/n_step.py) against a hand computation, across a
 termination, a truncation, the autoreset that follows them, and a chunk's end."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clusterenv.learner.dqn.n_step import STEPS, n_step_returns
 from clusterenv.pipeline.frames import NEXT_FRAMES, OBS_FRAMES
+from clusterenv.pipeline.n_step import STEPS, n_step_returns
 
 
 def chunk() -> dict[str, np.ndarray]:
