@@ -35,9 +35,10 @@ DTYPES = {ARRAY_FIELD_PREFIX + name.encode(): np.dtype(spec.dtype) for name, spe
 
 
 def make_chunk(
-    run_id: str, chunk_id: int, rows: int, rng: np.random.Generator
+    run_id: str, chunk_id: int, rows: int, rng: np.random.Generator, priority: bool = False
 ) -> dict[bytes, bytes]:
-    """Stream fields of one chunk, with the header a worker writes (pipeline/chunks/runtime.py)."""
+    """Stream fields of one chunk, with the header a worker writes (pipeline/chunks/runtime.py);
+    with `priority`, the column a worker adds with --initial-priority worker."""
     obs = rng.normal(size=(rows + 1, *OBS_SHAPE)).astype(np.float32)
     arrays = {
         "obs": obs[:-1],
@@ -48,6 +49,8 @@ def make_chunk(
         "truncated": np.zeros(rows, bool),
         "env_index": np.tile(np.arange(8, dtype=np.int32), rows // 8 + 1)[:rows],
     }
+    if priority:
+        arrays["priority"] = rng.exponential(size=rows).astype(np.float32)
     header = {
         "run": run_id,
         "chunk": chunk_id,
