@@ -255,9 +255,19 @@ class TrainConfig(Generic[AgentConfig]):
 
     def check_sync(self, box_actions: bool = False) -> None:
         """ValueError naming what is wrong with --sync for how the workers will act (an env with
-        Box actions, once its spaces are known, allows fewer divergences than a Discrete one)."""
+        Box actions, once its spaces are known, allows other divergences than a Discrete one)."""
+        self.sync_measure(box_actions)
+
+    def sync_measure(self, box_actions: bool = False) -> str | None:
+        """The divergence --sync's aps rule measures (None for other rules); a ValueError naming
+        what is wrong with --sync."""
         w = self.weights
-        parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds, self.policy_kind(box_actions))
+        if self.algo == "ppo" and w.sync.startswith("aps:") and w.sync.endswith(":value"):
+            raise ValueError(f"--sync {w.sync}: the value measure needs Q-values (DQN, SAC); "
+                             "PPO's take kl (or tv on Discrete actions)")  # fmt: skip
+        rule = parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds,
+                          self.policy_kind(box_actions))  # fmt: skip
+        return getattr(rule, "divergence", None)
 
     def chunk_time_limit_s(self) -> float:
         """--chunk-time-limit-s, or its default: two thirds of --lost-after-s."""

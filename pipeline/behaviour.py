@@ -44,8 +44,15 @@ class Behaviour(TaskArgs):
 
     def for_actor(self, slot: int, num_envs: int) -> Behaviour:
         """How one actor (a worker process's vector of `num_envs` envs, in actor slot `slot`)
-        acts: the same for every actor, except where a kind gives each actor env its own parameters (EpsilonLadder)."""
+        acts: the same for every actor, except where a kind gives each actor env its own
+        parameters (EpsilonLadder)."""
         return self
+
+    @classmethod
+    def probe_width(cls, measure: str, outputs: int) -> int:
+        """Columns of a probe row for `measure` on a policy of `outputs` outputs: the learner's
+        outputs, and for some measures what the learner adds (SquashedGaussian's `value`)."""
+        return outputs
 
     @classmethod
     def measure(cls, name: str | None) -> str:
@@ -193,7 +200,7 @@ class SquashedGaussian(Behaviour):
 
     record: bool = True
     kind = "squashed_gaussian"
-    DIVERGENCES = {"kl": divergence.gaussian_kl}
+    DIVERGENCES = {"kl": divergence.gaussian_kl, "value": divergence.squashed_value}
 
     def act(
         self, outputs: np.ndarray, rng: np.random.Generator
@@ -203,6 +210,11 @@ class SquashedGaussian(Behaviour):
 
     def divergence(self, measure: str, learner: np.ndarray, worker: np.ndarray) -> float:
         return self.DIVERGENCES[measure](learner, worker)
+
+    @classmethod
+    def probe_width(cls, measure: str, outputs: int) -> int:
+        # `value`: the outputs, then Q_L, its gradient and curvature at a_L (d = outputs / 2 each).
+        return 2 * outputs + 1 if measure == "value" else outputs
 
 
 # The kinds a ChunkRequest may carry (EnvEpsilons is made on the worker, never sent).

@@ -76,3 +76,6 @@ class Agent:
     extra_specs: dict[str, ArraySpec] = field(default_factory=dict)  # arrays beyond transitions
     # ChunkRequest fields the agent sets in every request (DQN's worker-computed priorities).
     task_fields: dict[str, Any] = field(default_factory=dict)
+    # Columns the learner adds to each probe row for the `value` measure, from what never leaves
+    # it, given the reference states and the published outputs on them (SAC's critics).
+    value_probe: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None

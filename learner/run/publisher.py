@@ -77,8 +77,12 @@ class Publisher:
         cfg: WeightSyncConfig,
         rng: np.random.Generator,
         on_version: Callable[[int], None] = lambda version: None,
+        value_probe: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
     ):
+        """`value_probe`: the columns the learner adds to each probe row (Agent.value_probe),
+        where the run's sync measure needs them."""
         self.source, self.pool, self.cfg, self.rng = source, pool, cfg, rng
+        self.value_probe = value_probe
         self.on_version = on_version  # told each version number before it is published
         self.updates_at_version: dict[int, int] = {}  # a resumed run's versions start above 0
 
@@ -103,7 +107,10 @@ class Publisher:
                 pick = self.rng.choice(len(recent), size=size, replace=False)
                 # As the env observes them (dtype and shape): the workers read them so.
                 self.source.publish_reference(recent[pick])
-            probe = numpy_policy(weights)(self.source.reference)
+            reference = self.source.reference
+            probe = numpy_policy(weights)(reference)
+            if self.value_probe is not None:
+                probe = np.concatenate([probe, self.value_probe(reference, probe)], axis=1)
         self.updates_at_version[self.version + 1] = updates  # before any chunk can carry it
         self.on_version(self.version + 1)
         return self.source.publish(weights, probe)

@@ -49,7 +49,7 @@ from clusterenv.pipeline.roles import (
     WeightSource,
     WorkerDirectory,
 )
-from clusterenv.pipeline.spaces import SpaceSpecs
+from clusterenv.pipeline.spaces import BoxActions, SpaceSpecs
 from clusterenv.pipeline.sync.source import RedisWeightSource, reference_pool_rows
 
 
@@ -156,6 +156,8 @@ def wire(cfg: TrainConfig, broker_for: BrokerFactory, run_dir: Path, run_id: str
     late["publisher"] = publisher = Publisher(
         broker.weights, pool, w, np.random.default_rng([cfg.seed, 1]),
         lambda version: record_version(run_dir, version),
+        agent.value_probe if cfg.sync_measure(isinstance(spaces.action, BoxActions)) == "value"
+        else None,
     )  # fmt: skip
 
     def store(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> int:

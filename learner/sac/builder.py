@@ -32,4 +32,4 @@ def build_sac(cfg: TrainConfig[SACConfig], spaces: SpaceSpecs) -> Agent:
     # Workers sample the actor and send the actions alone: SAC's update draws its own.
     behaviour = SquashedGaussian(record=False)
     return Agent(learner, limiter, s.publish_every, lambda steps, actor_envs: behaviour,
-                 cfg.weights.max_lag_versions)  # fmt: skip
+                 cfg.weights.max_lag_versions, value_probe=learner.value_model)  # fmt: skip

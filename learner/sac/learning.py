@@ -44,6 +44,10 @@ from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.learner.sac.config import SACConfig
 from clusterenv.pipeline.spaces import BoxActions
 
+# The action step of the critics' central differences for APS's `value` measure, in the actor's
+# [-1, 1] units: small against the actions' range, large against float32 rounding of Q.
+VALUE_STEP = 0.05
+
 
 class SACLearner:
     """Actor, twin critics with targets, log α; three Adams; replay and the rate limiter."""
@@ -149,6 +153,25 @@ class SACLearner:
 
     def collected(self, env_steps: int) -> None:
         """Nothing follows collection: the learning rate is constant."""
+
+    @torch.no_grad()
+    def value_model(self, states: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+        """Per state, what APS's `value` measure needs of the critics (pipeline/sync/divergence.py):
+        Q(s, a) at the actor's greedy action a = tanh(mean), where `outputs` are the published
+        actor's on `states`, then its gradient and diagonal second derivatives in a, by central
+        differences of VALUE_STEP (2d + 1 evaluations of the smaller critic per state)."""
+        d, rows = self.half.shape[0], len(states)
+        obs = torch.as_tensor(states.reshape(rows, -1), dtype=torch.float32, device=self.device)
+        greedy = torch.tanh(torch.as_tensor(outputs[:, :d], dtype=torch.float32,
+                                            device=self.device))  # fmt: skip
+        steps = VALUE_STEP * torch.cat([torch.zeros(1, d), torch.eye(d), -torch.eye(d)])
+        actions = greedy[None] + steps[:, None].to(self.device)  # (2d + 1, rows, d)
+        q = self._q(self.critics, obs.repeat(2 * d + 1, 1), actions.reshape(-1, d))
+        q = q.reshape(2 * d + 1, rows).double()
+        plus, minus = q[1 : d + 1], q[d + 1 :]
+        grad = (plus - minus) / (2 * VALUE_STEP)
+        curv = (plus + minus - 2 * q[0]) / VALUE_STEP**2
+        return torch.cat([q[:1], grad, curv]).T.float().cpu().numpy()
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """The actor only: workers sample from it; the critics never leave the learner."""

@@ -131,9 +131,8 @@ class RedisWeightClient:
         if self._measured is not None and self._measured[0] == key:
             self.last_divergence = self._measured[1]
             return self.last_divergence
-        probe = self._read(
-            self.keys.probe(version), {"q": ArraySpec("<f4", (self.policy.num_outputs,))}
-        )
+        width = behaviour.probe_width(measure, self.policy.num_outputs)
+        probe = self._read(self.keys.probe(version), {"q": ArraySpec("<f4", (width,))})
         if probe is None:
             return None
         header, arrays = probe

@@ -9,13 +9,22 @@ Categorical policies (PPO: outputs are logits, π = softmax):
            update moves the policy by KL ≈ clip²/2 ≈ 0.02 at clip 0.2 (docs/architecture.md).
 - `tv`:    E_s[½ Σ_a |π_L − π_W|].
 
-Squashed Gaussian policies (PPO on Box actions: outputs are d means and d log-stds of u, the
-action is tanh(u) scaled to the bounds):
-- `kl` (the one): E_s[KL(N_L ‖ N_W)] in closed form, on the Gaussians before the squash. tanh and
+Squashed Gaussian policies (PPO and SAC on Box actions: outputs are d means and d log-stds of u,
+the action is tanh(u) scaled to the bounds):
+- `kl` (default): E_s[KL(N_L ‖ N_W)] in closed form, on the Gaussians before the squash. tanh and
            the scaling are one invertible map applied to both policies, and KL does not change
            under an invertible map of the variable, so this is exactly the KL between the
            policies the env sees, without sampling; it reads like the categorical `kl`
            (PPO's clip bounds a step to KL ≈ clip²/2 either way).
+- `value` (SAC only: it needs the learner's critic): how much the learner's Q changes between the
+           learner's greedy action a_L = tanh(μ_L) and the worker's a_W = tanh(μ_W), relative to
+           the scale of the learner's values, as DQN's `value` is:
+               E_s|Q_L(s, a_W) − Q_L(s, a_L)| / E_s|Q_L(s, a_L)|
+           The critic never leaves the learner, so the probe carries, per reference state, a
+           second-order model of Q_L(s, ·) around a_L: its value, gradient and diagonal
+           curvature (learner/sac/learning.py, by central differences), and the worker takes
+           Q_L(s, a_W) − Q_L(s, a_L) ≈ g·δ + ½ Σ_i h_i δ_i², δ = a_W − a_L. A tolerance of 0.01
+           fetches once the worker's actions are worth 1 % of the learner's values apart.
 
 ε-greedy policies (DQN: outputs are Q-values):
     π(a|s) = ε/|A| + (1−ε)·[a = argmax_a' Q(s,a')]
@@ -74,6 +83,18 @@ def categorical_kl(logits_learner: np.ndarray, logits_worker: np.ndarray) -> flo
 def categorical_tv(logits_learner: np.ndarray, logits_worker: np.ndarray) -> float:
     p, q = np.exp(log_softmax(logits_learner)), np.exp(log_softmax(logits_worker))
     return float(0.5 * np.abs(p - q).sum(axis=1).mean())
+
+
+def squashed_value(probe_learner: np.ndarray, outputs_worker: np.ndarray) -> float:
+    """The squashed Gaussians' `value`: the learner's probe rows are its 2d outputs, then Q_L at
+    a_L, its d-dimensional gradient and its d diagonal second derivatives there."""
+    k = outputs_worker.shape[1]
+    d = k // 2
+    p = probe_learner.astype(np.float64)
+    q0, grad, curv = p[:, k], p[:, k + 1 : k + 1 + d], p[:, k + 1 + d : k + 1 + 2 * d]
+    delta = np.tanh(outputs_worker[:, :d].astype(np.float64)) - np.tanh(p[:, :d])
+    change = (grad * delta).sum(axis=1) + 0.5 * (curv * delta**2).sum(axis=1)
+    return float(np.abs(change).mean() / max(np.abs(q0).mean(), 1e-8))
 
 
 def gaussian_kl(outputs_learner: np.ndarray, outputs_worker: np.ndarray) -> float:

@@ -12,12 +12,16 @@ from tests.e2e.cli_runs import CLI, train_to_end
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_sac_solves_pendulum_end_to_end(tmp_path):
+@pytest.mark.parametrize("sync", [None, "aps:0.01:value"])
+def test_sac_solves_pendulum_end_to_end(tmp_path, sync):
     """RL-Zoo's SAC reaches -176 on Pendulum-v1 at 20k env steps; the preset (its settings) runs
-    to a greedy eval >= -200 within 40k here. Workers sample the actor and send bare actions."""
+    to a greedy eval >= -200 within 40k here. Workers sample the actor and send bare actions.
+    With `aps:0.01:value` they also read the critics' model of Q in each probe and fetch when
+    their actions are worth 1 % of the values apart."""
     run_dir, summary, err = train_to_end(
         ["train", "--algo", "sac", "--env", "Pendulum-v1", "--total-steps", "40000",
-         "--target-return", "-200", "--workers", "2"], tmp_path, 840,
+         "--target-return", "-200", "--workers", "2", *(["--sync", sync] if sync else [])],
+        tmp_path, 840,
     )  # fmt: skip
     assert summary["algo"] == "sac" and summary["ingest"]["rejected"] == 0
     assert summary["solved"], (summary["env_steps"], err[-2000:])
@@ -25,6 +29,11 @@ def test_sac_solves_pendulum_end_to_end(tmp_path):
     assert all(
         "losses/critic_loss" in r and "learner/alpha" in r for r in rows if r["learner/updates"]
     )
+    if sync is not None:
+        sync_total = summary["sync_total"]
+        assert sync_total["probe_fetches"] > 0, sync_total
+        assert sync_total.get("probes_rejected", 0) == 0, sync_total
+        return
     out = subprocess.run(CLI + ["eval", str(run_dir), "--episodes", "2"], capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0 and "over 2 episodes" in out.stdout, out.stderr

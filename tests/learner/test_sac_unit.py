@@ -12,6 +12,8 @@ from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.learner.sac.config import SACConfig
 from clusterenv.learner.sac.learning import SACLearner
+from clusterenv.learner.tools.cli import parse_train
+from clusterenv.pipeline.behaviour import SquashedGaussian
 from clusterenv.pipeline.policy import NumpyMLP
 from clusterenv.pipeline.spaces import BoxActions
 
@@ -67,6 +69,34 @@ def test_the_published_actor_is_what_the_workers_numpy_forward_computes():
     np.testing.assert_allclose(numpy_out, torch_out, rtol=1e-5, atol=1e-6)
 
 
+def test_the_value_probe_models_the_critics_around_the_greedy_action():
+    """APS's `value` for SAC: the probe's Q, gradient and curvature columns give the critics'
+    change between the learner's and a worker's greedy actions, against evaluating the critics
+    at both (relative to |Q|, over 256 states, the worker's means moved by ~0.05)."""
+    sac = learner()
+    for _ in range(20):
+        sac.step()
+    rng = np.random.default_rng(2)
+    states = rng.normal(size=(256, 3)).astype(np.float32)
+    outputs = NumpyMLP(sac.get_weights())(states)
+    model = sac.value_model(states, outputs)
+    assert model.shape == (256, 1 + 2 + 2)
+
+    def q(means: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            a = torch.tanh(torch.from_numpy(means[:, :2].astype(np.float32)))
+            return sac._q(sac.critics, torch.from_numpy(states), a).double().numpy()
+
+    np.testing.assert_allclose(model[:, 0], q(outputs), rtol=1e-5, atol=1e-5)
+    worker = outputs.copy()
+    worker[:, :2] += rng.normal(scale=0.05, size=(256, 2)).astype(np.float32)
+    exact = np.abs(q(worker) - q(outputs)).mean() / np.abs(q(outputs)).mean()
+    probe = np.concatenate([outputs, model], axis=1)
+    got = SquashedGaussian(record=False).divergence("value", probe, worker)
+    assert exact > 0 and got == pytest.approx(exact, rel=0.1)
+    assert SquashedGaussian(record=False).divergence("value", probe, outputs) == 0.0
+
+
 def test_the_critics_see_replays_actions_scaled_back_into_minus_one_one():
     sac = learner()
     raw = ACTIONS.from_index(np.array([[-1.0, -1.0], [0.0, 0.5], [1.0, 1.0]]))
@@ -102,3 +132,12 @@ def test_bad_sac_settings_are_refused_by_name():
         SACConfig(tau=0.0).validate()
     with pytest.raises(ValueError, match="--init-alpha"):
         SACConfig(init_alpha=-1.0).validate()
+
+
+def test_the_value_measure_is_for_sac_and_refused_for_ppo_by_name():
+    cfg = parse_train(["--algo", "sac", "--env", "Pendulum-v1", "--sync", "aps:0.01:value"])
+    cfg.validate()
+    assert cfg.sync_measure(box_actions=True) == "value"
+    ppo = parse_train(["--algo", "ppo", "--env", "Pendulum-v1", "--sync", "aps:0.01:value"])
+    with pytest.raises(ValueError, match="the value measure needs Q-values"):
+        ppo.validate()

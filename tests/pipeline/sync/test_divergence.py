@@ -29,13 +29,40 @@ MEASURES = [(b, name) for kind in BEHAVIOURS for b in BEHAVIOURS_AT[kind] for na
 GAUSSIAN = np.concatenate([Q[:, :2] - 5.0, RNG.uniform(-1, 0, (256, 2))], 1).astype(np.float32)
 
 
+def value_probe(outputs: np.ndarray, grad: np.ndarray, curv: np.ndarray, q0: float = 10.0):
+    """A SAC probe for the `value` measure: the outputs, Q_L at a_L, its gradient, curvature."""
+    q = np.full((len(outputs), 1), q0)
+    return np.concatenate([outputs, q, grad, curv], axis=1).astype(np.float32)
+
+
 @pytest.mark.parametrize(("behaviour", "name"), MEASURES)
 def test_zero_for_identical_and_positive_after_a_change(behaviour, name):
     outputs = GAUSSIAN if isinstance(behaviour, SquashedGaussian) else Q
-    assert behaviour.divergence(name, outputs, outputs.copy()) == 0.0
+    probe = outputs
+    if isinstance(behaviour, SquashedGaussian) and name == "value":
+        probe = value_probe(outputs, RNG.normal(size=(256, 2)), -np.ones((256, 2)))
+    assert probe.shape[1] == behaviour.probe_width(name, outputs.shape[1])
+    assert behaviour.divergence(name, probe, outputs.copy()) == 0.0
     changed = outputs.copy()
     changed[:64] = changed[:64, ::-1]  # a quarter of the states change their greedy action
-    assert behaviour.divergence(name, outputs, changed) > 0.0
+    assert behaviour.divergence(name, probe, changed) > 0.0
+
+
+def test_squashed_value_is_the_quadratic_models_change_relative_to_the_values():
+    """For a Q that is exactly quadratic in the action around a_L, the measure is exact:
+    mean |g·δ + ½ Σ h δ²| / mean |Q_L(a_L)|, δ = tanh(μ_W) − tanh(μ_L)."""
+    grad, curv = RNG.normal(size=(256, 2)), -RNG.uniform(0.5, 2.0, (256, 2))
+    probe = value_probe(GAUSSIAN, grad, curv, q0=-50.0)
+    worker = GAUSSIAN.copy()
+    worker[:, :2] += RNG.normal(scale=0.1, size=(256, 2)).astype(np.float32)
+    delta = np.tanh(worker[:, :2].astype(np.float64)) - np.tanh(GAUSSIAN[:, :2].astype(np.float64))
+    change = (grad * delta).sum(1) + 0.5 * (curv * delta**2).sum(1)
+    expected = np.abs(change).mean() / 50.0
+    got = SquashedGaussian(record=False).divergence("value", probe, worker)
+    assert got == pytest.approx(expected, rel=1e-5)  # the probe is float32
+    # The log-stds do not count: the value is of the greedy actions.
+    worker[:, 2:] += 1.0
+    assert SquashedGaussian().divergence("value", probe, worker) == pytest.approx(got)
 
 
 @pytest.mark.parametrize(

@@ -317,3 +317,37 @@ def test_float16_weights_are_what_the_worker_acts_with_and_probes_measure(client
     publisher.publish(w, updates=1)  # the same weights again: nothing for the worker to fetch
     wc.sync(EpsilonGreedy(0.0))
     assert wc.last_divergence == 0.0 and wc.version == 0
+
+
+def test_sacs_value_measure_travels_in_a_wider_probe_and_a_worker_measures_with_it(client, run_id):
+    """`aps:TOL:value` on a SAC run: the publisher appends the critics' model of Q around the
+    greedy action to each probe row (2d outputs + 1 + 2d), a worker's client reads that width and
+    measures the change of Q its own actor's actions make, as the learner's critics see it."""
+    from clusterenv.learner.config import WeightSyncConfig
+    from clusterenv.learner.run.publisher import Publisher, ReferencePool
+    from clusterenv.pipeline.behaviour import SquashedGaussian
+    from tests.learner.test_sac_unit import learner as sac_learner
+
+    sac, rng = sac_learner(), np.random.default_rng(0)
+    for _ in range(10):
+        sac.step()
+    pool = ReferencePool(100)
+    pool.add({"obs": rng.normal(size=(80, 3)).astype(np.float32), "action": np.zeros((80, 2))})
+    keys = RunKeys(run_id)
+    source = RedisWeightSource(client, keys)
+    publisher = Publisher(source, pool, WeightSyncConfig(reference_size=16), rng,
+                          value_probe=sac.value_model)  # fmt: skip
+    behaviour, obs = SquashedGaussian(record=False), ArraySpec("<f4", (3,))
+    wc = RedisWeightClient(client, keys, Aps(1e9, "value"), obs)
+    publisher.publish(sac.get_weights(), updates=0)
+    wc.sync(behaviour)
+    held = sac.get_weights()
+    for _ in range(10):
+        sac.step()
+    publisher.publish(sac.get_weights(), updates=10)
+    wc.sync(behaviour)
+    _, probe = decode_chunk(client.hgetall(keys.probe(1)), {"q": ArraySpec("<f4", (9,))})
+    assert probe["q"].shape == (16, 4 + 1 + 4)
+    worker = NumpyMLP(held)(source.reference)
+    assert wc.counters.probes_rejected == 0 and wc.version == 0  # tolerance 1e9: no fetch
+    assert wc.last_divergence == behaviour.divergence("value", probe["q"], worker) > 0
