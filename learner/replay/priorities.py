@@ -8,9 +8,10 @@ the largest weight any stored row could get (the paper's max_i w_i, from the sma
 so they only ever scale an update down; the learner anneals beta to 1 over the run.
 
 The tree is numpy, a batch at a time, and 32 children wide: a level is a few vectorized steps over
-a (batch x 32) block, and 100k rows take four levels, so a batch of 64 costs a few dozen small
-numpy operations to sample and as many to update (a binary tree's seventeen levels cost three
-times as much: bench/update_cost.py). torchrl's C++ segment trees would do the same in C++ but do not load against torch 2.13.0
+a (batch x 32) block, and 100k rows take four levels. Measured (docs/benchmarks.md, "Gradient
+step"): no faster than a binary tree's seventeen levels of (batch)-sized steps — the fewer numpy
+calls are offset by their bigger blocks — and the batch's ~0.3 ms on the 2-core machine is still
+more than issue 32's 20 % of an update. torchrl's C++ segment trees would do the same in C++ but do not load against torch 2.13.0
 (undefined symbol), and cpprb's PrioritizedReplayBuffer keeps its own copy of the transitions and
 cannot give its priorities back for a checkpoint (bench/update_cost.py compares the costs).
 """
@@ -89,9 +90,9 @@ class SumTree:
     """Sums, and the smallest positive value, of `capacity` non-negative leaves, in a tree whose
     nodes have `fanout` children, stored a level per array (`sums[0]` are the leaves; node i's
     children on the level below are `fanout * i + 0..fanout-1`; the top level's nodes are the
-    root's children). A wide node makes the tree shallow: each level is one vectorized step over
-    a (batch x fanout) block, and numpy's cost is per step far more than per element (32: four
-    levels for 100k rows where a binary tree has seventeen)."""
+    root's children). A wide node makes the tree shallow: each level is a few vectorized steps
+    over a (batch x fanout) block (32: four levels for 100k rows where a binary tree has
+    seventeen); the module docstring says what that bought."""
 
     def __init__(self, capacity: int, fanout: int = 32):
         self.fanout = fanout
