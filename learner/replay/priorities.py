@@ -7,11 +7,11 @@ soon. The bias this brings is corrected by importance weights w_i = (N P(i)) ** 
 the largest weight any stored row could get (the paper's max_i w_i, from the smallest priority),
 so they only ever scale an update down; the learner anneals beta to 1 over the run.
 
-The tree is numpy, a batch at a time, and 32 children wide: a level is a few vectorized steps over
-a (batch x 32) block, and 100k rows take four levels. Measured (docs/benchmarks.md, "Gradient
-step"): no faster than a binary tree's seventeen levels of (batch)-sized steps — the fewer numpy
-calls are offset by their bigger blocks — and the batch's ~0.3 ms on the 2-core machine is still
-more than issue 32's 20 % of an update. torchrl's C++ segment trees would do the same in C++ but do not load against torch 2.13.0
+The "tree" is numpy, a batch at a time, and flat: blocks of 128 leaves with their sums and keys
+(SumTree below), so sampling a batch is two `np.searchsorted` calls and writing its priorities one
+cumulative sum over the blocks it touches, a dozen numpy calls each way, where a binary tree's
+descent takes about a hundred and a 32-wide one no fewer microseconds (docs/benchmarks.md,
+"Gradient step"). torchrl's C++ segment trees would do the same in C++ but do not load against torch 2.13.0
 (undefined symbol), and cpprb's PrioritizedReplayBuffer keeps its own copy of the transitions and
 cannot give its priorities back for a checkpoint (bench/update_cost.py compares the costs).
 """
@@ -87,66 +87,72 @@ class Uniform:
 
 
 class SumTree:
-    """Sums, and the smallest positive value, of `capacity` non-negative leaves, in a tree whose
-    nodes have `fanout` children, stored a level per array (`sums[0]` are the leaves; node i's
-    children on the level below are `fanout * i + 0..fanout-1`; the top level's nodes are the
-    root's children). A wide node makes the tree shallow: each level is a few vectorized steps
-    over a (batch x fanout) block (32: four levels for 100k rows where a binary tree has
-    seventeen); the module docstring says what that bought."""
+    """Sums, and the smallest positive value, of `capacity` non-negative leaves, kept so that a
+    batch of prefix sums is found with two `np.searchsorted` calls and a batch of leaves is
+    written with one cumulative sum over the blocks it touches.
 
-    def __init__(self, capacity: int, fanout: int = 32):
-        self.fanout = fanout
-        self.sums: list[np.ndarray] = []
-        size = max(1, capacity)
-        while True:
-            size = -(-size // fanout) * fanout  # padded so every node has `fanout` children
-            self.sums.append(np.zeros(size))
-            if size == fanout:
-                break
-            size //= fanout
-        self.mins = [np.full(level.shape, np.inf) for level in self.sums]
-        self._children = np.arange(fanout)
+    The leaves sit in blocks of `block`; per block its sum and its smallest positive leaf; and per
+    leaf a key, block index x `scale` + the running sum of its block up to and including it. With
+    `scale` at least every block's sum the keys never decrease, so a prefix sum is found as: its
+    block from the cumulative block sums, then the first key past block x scale + what is left of
+    the prefix (the same leaf a binary sum tree's descent gives; on 2 cores, numpy's ~0.5 µs a call
+    made the seventeen levels of that descent cost several times this)."""
+
+    def __init__(self, capacity: int, block: int = 128):
+        self.block = block
+        blocks = -(-max(1, capacity) // block)
+        self.leaves = np.zeros(blocks * block)
+        self.block_sums = np.zeros(blocks)
+        self.block_mins = np.full(blocks, np.inf)
+        self.scale = 1.0  # >= every block's sum; raised (and the keys rebuilt) when one passes it
+        self.keys = np.repeat(np.arange(blocks) * self.scale, block)
 
     @property
     def total(self) -> float:
-        return float(self.sums[-1].sum())
+        return float(self.block_sums.sum())
 
     @property
     def min(self) -> float:
-        return float(self.mins[-1].min())
+        return float(self.block_mins.min())
 
     def get(self, idx: np.ndarray) -> np.ndarray:
-        return self.sums[0][idx]
+        return self.leaves[idx]
 
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
-        """Leaves `idx` := `values` (a repeated index takes one of its values), then every
-        ancestor of them, a level at a time."""
-        nodes = np.array(idx, np.int64)  # a copy: it is divided in place below
-        self.sums[0][nodes] = values
-        self.mins[0][nodes] = np.where(values > 0, values, np.inf)  # the smallest positive leaf
-        for below, level in enumerate(self.sums[1:]):
-            # A parent shared by several nodes is recomputed once per node, from the same
-            # children: the same value, so the repeats are harmless.
-            nodes //= self.fanout
-            children = nodes[:, None] * self.fanout + self._children
-            level[nodes] = self.sums[below][children].sum(axis=1)
-            self.mins[below + 1][nodes] = self.mins[below][children].min(axis=1)
+        """Leaves `idx` := `values` (a repeated index takes one of its values), then the sums,
+        smallest leaves and keys of the blocks they are in."""
+        self.leaves[idx] = values
+        blocks = np.unique(np.asarray(idx, np.int64) // self.block)
+        rows = self.leaves.reshape(-1, self.block)[blocks]
+        running = np.cumsum(rows, axis=1)
+        # The block's sum is its last running sum, the very number its last key holds: find()
+        # relies on the two agreeing.
+        self.block_sums[blocks] = running[:, -1]
+        self.block_mins[blocks] = np.where(rows > 0, rows, np.inf).min(axis=1)
+        top = float(running[:, -1].max(initial=0.0))
+        if top > self.scale:
+            self.scale = 2.0 * top
+            self._rebuild_keys()
+        else:
+            self.keys.reshape(-1, self.block)[blocks] = blocks[:, None] * self.scale + running
+
+    def _rebuild_keys(self) -> None:
+        running = np.cumsum(self.leaves.reshape(-1, self.block), axis=1)
+        self.block_sums[:] = running[:, -1]
+        offsets = np.arange(len(running))[:, None] * self.scale
+        self.keys = (offsets + running).ravel()
 
     def find(self, prefix: np.ndarray) -> np.ndarray:
         """For each prefix sum in [0, total), the leaf whose cumulative range holds it."""
-        prefix = np.array(prefix, np.float64)
-        nodes = np.zeros(len(prefix), np.int64)  # the root, as the top level's parent
-        rows = np.arange(len(prefix))
-        for level in reversed(self.sums):
-            children = level[nodes[:, None] * self.fanout + self._children]
-            ends = np.cumsum(children, axis=1)
-            # Rounding can leave a prefix at or past its node's sum: keep it just inside, so the
-            # child chosen below is one with a positive sum (never a padding leaf).
-            prefix = np.minimum(prefix, np.nextafter(ends[:, -1], 0))
-            chosen = np.minimum((ends <= prefix[:, None]).sum(axis=1), self.fanout - 1)
-            prefix -= ends[rows, chosen] - children[rows, chosen]
-            nodes = nodes * self.fanout + chosen
-        return nodes
+        ends = np.cumsum(self.block_sums)
+        # Rounding can leave a prefix at or past the total, or past its block's sum: keep it just
+        # inside, so the leaf found is one with a positive value (never an empty one).
+        prefix = np.minimum(np.asarray(prefix, np.float64), np.nextafter(ends[-1], 0))
+        block = np.minimum(np.searchsorted(ends, prefix, side="right"), len(ends) - 1)
+        left = prefix - (ends[block] - self.block_sums[block])
+        left = np.clip(left, 0.0, np.nextafter(self.block_sums[block], 0))
+        leaf = np.searchsorted(self.keys, block * self.scale + left, side="right")
+        return np.minimum(leaf, (block + 1) * self.block - 1)  # rounding at the block's very end
 
 
 class Prioritized:

@@ -20,31 +20,34 @@ from tests.learner.test_replay_and_limiter import rows, stacked_chunks
 
 def test_the_tree_keeps_its_sums_and_smallest_leaf_through_batched_updates():
     rng = np.random.default_rng(0)
-    tree, leaves = SumTree(1000, fanout=4), np.zeros(1000)  # five levels
-    for _ in range(50):
+    tree, leaves = SumTree(1000, block=16), np.zeros(1000)
+    for step in range(50):
         idx = rng.integers(1000, size=64)  # repeats included
-        values = rng.random(64) * 10
+        values = rng.random(64) * 10 * (1 + step)  # growing: the keys' scale is raised on the way
         tree.set(idx, values)
         leaves[idx] = tree.get(idx)  # a repeated index keeps one of its values
         assert set(tree.get(idx)) <= set(values)
         assert tree.total == pytest.approx(leaves.sum(), rel=1e-12)
         assert tree.min == leaves[leaves > 0].min()
-    # Every inner node is the sum of its children, and holds their smallest positive value.
-    for below, level in enumerate(tree.sums[1:]):
-        kids = tree.sums[below].reshape(-1, tree.fanout)
-        np.testing.assert_allclose(level[: len(kids)], kids.sum(axis=1))
-        mins = tree.mins[below].reshape(-1, tree.fanout).min(axis=1)
-        np.testing.assert_array_equal(tree.mins[below + 1][: len(kids)], mins)
+        # Every block's sum and smallest leaf; keys that never decrease, each its block's offset
+        # plus the running sum of its block.
+        padded = np.zeros(tree.leaves.shape)  # 63 blocks of 16: the last one half padding
+        padded[:1000] = leaves
+        blocks = padded.reshape(-1, 16)
+        np.testing.assert_allclose(tree.block_sums, blocks.sum(axis=1), rtol=1e-12)
+        assert np.all(np.diff(tree.keys) >= 0)
+        expected = np.arange(len(blocks))[:, None] * tree.scale + np.cumsum(blocks, axis=1)
+        np.testing.assert_allclose(tree.keys, expected.ravel(), rtol=1e-12)
     tree.set(np.arange(1000), np.zeros(1000))
     assert tree.total == 0.0 and tree.min == np.inf
 
 
 def test_the_tree_finds_the_leaf_a_running_sum_gives_and_never_an_empty_one():
-    """find() against np.searchsorted over the leaves' cumulative sums, on a five-level tree with
-    a third of its leaves empty (rows never stored or forgotten); a prefix at the very total,
-    which rounding makes possible, lands on the last non-empty leaf, not on padding."""
+    """find() against np.searchsorted over the leaves' cumulative sums, on 44 blocks with a third
+    of the leaves empty (rows never stored or forgotten); a prefix at the very total, which
+    rounding makes possible, lands on the last non-empty leaf, not on padding."""
     rng = np.random.default_rng(5)
-    tree = SumTree(700, fanout=4)
+    tree = SumTree(700, block=16)
     leaves = rng.random(700) * (rng.random(700) > 0.33)
     tree.set(np.arange(700), leaves)
     prefix = rng.random(5000) * tree.total
