@@ -7,7 +7,7 @@ soon. The bias this brings is corrected by importance weights w_i = (N P(i)) ** 
 the largest weight any stored row could get (the paper's max_i w_i, from the smallest priority),
 so they only ever scale an update down; the learner anneals beta to 1 over the run.
 
-The "tree" is numpy, a batch at a time, and flat: blocks of 128 leaves with their sums and keys
+The "tree" is numpy, a batch at a time, and flat: blocks of 64 leaves with their sums and keys
 (SumTree below), so sampling a batch is two `np.searchsorted` calls and writing its priorities one
 cumulative sum over the blocks it touches, a dozen numpy calls each way, where a binary tree's
 descent takes about a hundred and a 32-wide one no fewer microseconds (docs/benchmarks.md,
@@ -98,7 +98,7 @@ class SumTree:
     the prefix (the same leaf a binary sum tree's descent gives; on 2 cores, numpy's ~0.5 µs a call
     made the seventeen levels of that descent cost several times this)."""
 
-    def __init__(self, capacity: int, block: int = 128):
+    def __init__(self, capacity: int, block: int = 64):
         self.block = block
         blocks = -(-max(1, capacity) // block)
         self.leaves = np.zeros(blocks * block)
