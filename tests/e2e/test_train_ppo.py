@@ -66,7 +66,7 @@ def test_ppo_trains_a_squashed_gaussian_on_box_actions_end_to_end(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--sync", "aps:0.01:value"], "divergence 'value' does not apply to categorical"),
+        (["--sync", "aps:0.01:value"], "the value measure needs Q-values (DQN, SAC)"),
         (
             ["--env", "Pendulum-v1", "--sync", "aps:0.01:tv"],
             "divergence 'tv' does not apply to squashed_gaussian",
