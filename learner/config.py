@@ -262,11 +262,9 @@ class TrainConfig(Generic[AgentConfig]):
         """The divergence --sync's aps rule measures (None for other rules); a ValueError naming
         what is wrong with --sync."""
         w = self.weights
-        if self.algo == "ppo" and w.sync.startswith("aps:") and w.sync.endswith(":value"):
-            raise ValueError(f"--sync {w.sync}: the value measure needs Q-values (DQN, SAC); "
-                             "PPO's take kl (or tv on Discrete actions)")  # fmt: skip
+        # PPO's critic values states, not actions: no Q-values for the value measure.
         rule = parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds,
-                          self.policy_kind(box_actions))  # fmt: skip
+                          self.policy_kind(box_actions), q_values=self.algo != "ppo")  # fmt: skip
         return getattr(rule, "divergence", None)
 
     def chunk_time_limit_s(self) -> float:

@@ -55,14 +55,20 @@ class Behaviour(TaskArgs):
         return outputs
 
     @classmethod
-    def measure(cls, name: str | None) -> str:
-        """`name` (None: this kind's default) if it applies to this kind of policy; else a
-        ValueError naming the measures that do."""
-        name = name or next(iter(cls.DIVERGENCES))
-        if name not in cls.DIVERGENCES:
+    def measure(cls, name: str | None, q_values: bool = True) -> str:
+        """`name` (None: this kind's default) if it applies to this kind of policy, and to a
+        learner without Q-values where `q_values` is False (the value measure reads them); else
+        a ValueError naming the measures that do."""
+        choices = [m for m in cls.DIVERGENCES if q_values or m != "value"]
+        name = name or choices[0]
+        if name == "value" and not q_values:
+            raise ValueError(
+                f"the value measure needs Q-values (DQN, SAC); choose {', '.join(choices)}"
+            )
+        if name not in choices:
             raise ValueError(
                 f"divergence {name!r} does not apply to {cls.kind} policies; "
-                f"choose {', '.join(cls.DIVERGENCES)}"
+                f"choose {', '.join(choices)}"
             )
         return name
 

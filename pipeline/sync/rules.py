@@ -80,10 +80,12 @@ def parse_sync(
     max_lag_versions: int = 0,
     max_lag_seconds: float = 0.0,
     kind: type[Behaviour] = EpsilonGreedy,
+    q_values: bool = True,
 ) -> SyncRule:
     """A rule from its spec string, for workers acting with behaviours of `kind`
-    (pipeline/behaviour.py: an `aps:TOL` without a measure takes that kind's default); a
-    ValueError naming the problem.
+    (pipeline/behaviour.py: an `aps:TOL` without a measure takes that kind's default) for a
+    learner that has Q-values or not (`q_values`: the value measure needs them); a ValueError
+    naming the problem.
 
     The lag guards belong to APS; given with another rule they are refused, not ignored.
     """
@@ -117,7 +119,7 @@ def parse_sync(
                 f"sync {spec!r}: unknown divergence {measure!r}; choose {', '.join(sorted(MEASURES))}"
             )
         try:
-            measure = kind.measure(measure)
+            measure = kind.measure(measure, q_values)
         except ValueError as exc:
             raise ValueError(f"sync {spec!r}: {exc}") from None
         return Aps(tolerance, measure, max_lag_versions, max_lag_seconds)

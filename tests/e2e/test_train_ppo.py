@@ -69,7 +69,8 @@ def test_ppo_trains_a_squashed_gaussian_on_box_actions_end_to_end(tmp_path):
         (["--sync", "aps:0.01:value"], "the value measure needs Q-values (DQN, SAC)"),
         (
             ["--env", "Pendulum-v1", "--sync", "aps:0.01:tv"],
-            "divergence 'tv' does not apply to squashed_gaussian",
+            # the hint lists only what PPO's Gaussian can take (not SAC's value measure)
+            "divergence 'tv' does not apply to squashed_gaussian policies; choose kl (",
         ),
         (["--max-policy-lag", "-1"], "--max-policy-lag must be >= 0"),
         (["--hidden", "64,x"], "--hidden must be positive integers"),

@@ -118,3 +118,15 @@ def test_measure_defaults_follow_the_policy_kind():
     assert SquashedGaussian.measure(None) == "kl"
     with pytest.raises(ValueError, match="does not apply to categorical"):
         Categorical.measure("value")
+
+
+def test_a_learner_without_q_values_is_offered_only_the_measures_it_can_feed():
+    # PPO's squashed Gaussian: kl only (tv is for discrete actions, value needs Q-values).
+    assert SquashedGaussian.measure(None, q_values=False) == "kl"
+    with pytest.raises(ValueError, match=r"needs Q-values \(DQN, SAC\); choose kl$"):
+        SquashedGaussian.measure("value", q_values=False)
+    with pytest.raises(
+        ValueError, match="does not apply to squashed_gaussian policies; choose kl$"
+    ):
+        SquashedGaussian.measure("tv", q_values=False)
+    assert SquashedGaussian.measure("value") == "value"  # SAC's
