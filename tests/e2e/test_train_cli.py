@@ -153,9 +153,13 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, sig):
 
 @pytest.mark.slow
 def test_workers_on_a_given_broker_and_one_started_mid_run(redis_url, workers, tmp_path):
+    # A low replay ratio keeps the rate limiter from holding collection to the tasks the
+    # fixture's workers already hold (on a slow machine the learner is the bottleneck, and the
+    # late worker would see no collection task to take: only evaluations).
     proc = start_cli(
         ["train", "--redis-url", redis_url, "--workers", "0", "--total-steps", "1000000",
-         "--target-return", "1e9", "--run-dir", str(tmp_path)], uuid.uuid4().hex,
+         "--target-return", "1e9", "--samples-per-insert", "2", "--run-dir", str(tmp_path)],
+        uuid.uuid4().hex,
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("*/metrics.jsonl")) and time.monotonic() < deadline:
