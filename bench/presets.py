@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench.common import RESULTS_DIR, mark_start, median, table, train_run, write_results
 from bench.sb3_dqn import RL_ZOO_CARTPOLE, Trial, hits, sb3_run
+from bench.sync_summary import bootstrap_ci, bootstrap_ratio
 from clusterenv.learner.tools.eval_checkpoint import greedy_episodes
 from clusterenv.learner.tools.report import first_solve
 
@@ -88,7 +92,7 @@ def sb3_one(env: str, seed: int) -> dict[str, Any]:
     return {
         "env": env, "seed": seed, "system": "SB3 DQN", "bar": spec["bar"], "budget": spec["budget"],
         "first_hit_steps": first[0] if first else None, "end_eval": evals[-1][1], "end_eval_steps": evals[-1][0],
-        "best_eval": best, "best_eval_steps": best_steps, "wall_s": run["wall_s"],
+        "mean_eval": sum(mean for _, mean in evals) / len(evals), "best_eval": best, "best_eval_steps": best_steps, "wall_s": run["wall_s"],
     }  # fmt: skip
 
 
@@ -105,25 +109,38 @@ def result(env: str, seed: int, run: dict[str, Any], fresh_episodes: int) -> dic
     return {
         "env": env, "seed": seed, "system": "clusterenv", "bar": spec["bar"], "budget": spec["budget"],
         "first_hit_steps": first, "end_eval": evals[-1], "end_eval_steps": run["rows"][-1]["env_steps"],
-        "best_eval": max(evals), "best_eval_steps": run["summary"]["best"]["env_steps"],
+        "mean_eval": sum(evals) / len(evals), "best_eval": max(evals), "best_eval_steps": run["summary"]["best"]["env_steps"],
         "fresh_episodes": fresh_episodes, "final_fresh": fresh["final"], "best_fresh": fresh["best"],
         "wall_s": run["summary"]["wall_s"], "run_dir": str(run["dir"]),
     }  # fmt: skip
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per env and system: how many runs reached the bar and held it; the median env steps to the
+    first hit (a run that missed counts as never: +inf) and the mean eval over the budget, with
+    bootstrap 95 % intervals over seeds; against the env's first system (the preset as it ships,
+    where variants ran), the ratio of median first hits with its interval."""
     out = []
+    first_hits = {}
     for env, system in dict.fromkeys((r["env"], r["system"]) for r in runs):
         mine = [r for r in runs if r["env"] == env and r["system"] == system]
         bar = mine[0]["bar"]
-        hits = [r["first_hit_steps"] for r in mine if r["first_hit_steps"] is not None]
+        steps = [math.inf if r["first_hit_steps"] is None else r["first_hit_steps"] for r in mine]
+        first_hits.setdefault(env, steps)  # the env's first system: what variants compare to
+        means = [
+            r["mean_eval"] for r in mine if "mean_eval" in r
+        ]  # rows of before 2026-12-07 lack it
         fresh = [r["best_fresh"] for r in mine if "best_fresh" in r]
+        ratio = bootstrap_ratio(steps, first_hits[env]) if first_hits[env] is not steps else None
         out.append({
             "env": env, "system": system, "bar": bar, "budget": mine[0]["budget"], "seeds": len(mine),
-            "reached_bar": f"{len(hits)}/{len(mine)}",
-            "median_first_hit": median(hits) if len(hits) == len(mine) else None,
+            "reached_bar": f"{sum(s != math.inf for s in steps)}/{len(mine)}",
+            "median_first_hit": median(steps), "first_hit_ci": bootstrap_ci(steps, np.median),
+            "first_hit_vs_first_system": ratio,
             "above_bar_at_end": f"{sum(r['end_eval'] >= bar for r in mine)}/{len(mine)}",
             "median_end_eval": median([r["end_eval"] for r in mine]),
+            "mean_eval": sum(means) / len(means) if means else None,
+            "mean_eval_ci": bootstrap_ci(means, np.mean) if means else None,
             "median_best_eval": median([r["best_eval"] for r in mine]),
             "best_fresh_above_bar": f"{sum(f >= bar for f in fresh)}/{len(fresh)}" if fresh else None,
             "median_best_fresh": median(fresh) if fresh else None,
