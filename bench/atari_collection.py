@@ -25,7 +25,7 @@ from bench.collect_rig import in_process, local_workers
 from bench.common import mark_start, median, table, write_results
 from bench.overhead import parse_shape
 from clusterenv.learner.core.networks import build_network
-from clusterenv.learner.core.spaces import env_spaces
+from clusterenv.learner.spaces import env_spaces
 from clusterenv.pipeline.policy import numpy_policy
 
 ENV = "ALE/Pong-v5"

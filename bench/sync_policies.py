@@ -34,8 +34,8 @@ import numpy as np
 
 from bench.common import RESULTS_DIR, mark_start, save_figure, table, train_run, write_results
 from bench.sync_summary import summarise, total_mb
+from clusterenv.learner.config import AGENT_CONFIGS
 from clusterenv.learner.tools.report import first_solve
-from clusterenv.pipeline.behaviour import Categorical, EpsilonGreedy, SquashedGaussian
 from clusterenv.pipeline.sync.rules import Aps, parse_sync
 
 # tv and kl tolerances are paired: with two actions a greedy flip costs (1-ε) in tv and about
@@ -86,7 +86,6 @@ ENVS: dict[str, dict[str, dict[str, Any]]] = {
 }
 # Local worker processes per run: the DQN grid's earlier results used 2; issue 13 asks for 4.
 WORKERS = {"dqn": 2, "ppo": 4, "sac": 2}
-KINDS = {"dqn": EpsilonGreedy, "ppo": Categorical, "sac": SquashedGaussian}
 
 
 def run_one(
@@ -149,7 +148,9 @@ FAMILIES = {  # rule family -> (marker, colour) in the trade-off plot
 
 def family(spec: str, algo: str) -> str:
     """`aps:<divergence>` for APS rules, else the rule's name: what the plot colours by."""
-    rule = parse_sync(spec, kind=KINDS[algo])
+    rule = parse_sync(
+        spec, kind=AGENT_CONFIGS[algo].policy_kind(box_actions=False)
+    )  # the envs' actions: PPO's Discrete
     return f"aps:{rule.divergence}" if isinstance(rule, Aps) else spec.split(":")[0]
 
 

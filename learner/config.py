@@ -23,7 +23,6 @@ from clusterenv.learner.core.settings import require_non_negative, require_posit
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.ppo.config import PPOConfig
 from clusterenv.learner.sac.config import SACConfig
-from clusterenv.pipeline.behaviour import Behaviour, Categorical, EpsilonGreedy, SquashedGaussian
 from clusterenv.pipeline.chunks.dispatcher import DispatchConfig
 from clusterenv.pipeline.connect import redact
 from clusterenv.pipeline.sync.rules import DEFAULT_SYNC, parse_sync
@@ -247,10 +246,9 @@ class TrainConfig(Generic[AgentConfig]):
             raise ValueError("--max-lag-versions and --max-lag-seconds must be >= 0")
         self.torch_device()  # raises on a device torch cannot use
         self.agent.validate()
-        if self.algo == "ppo" and self.checkpoint.checkpoint_replay:
-            raise ValueError(
-                "--checkpoint-replay: PPO learns from fresh chunks and has no replay to keep"
-            )
+        if not self.agent.REPLAY and self.checkpoint.checkpoint_replay:
+            raise ValueError(f"--checkpoint-replay: --algo {self.algo} learns from fresh chunks "
+                             "and has no replay to keep")  # fmt: skip
         self.check_sync()
 
     def check_sync(self, box_actions: bool = False) -> None:
@@ -262,9 +260,8 @@ class TrainConfig(Generic[AgentConfig]):
         """The divergence --sync's aps rule measures (None for other rules); a ValueError naming
         what is wrong with --sync."""
         w = self.weights
-        # PPO's critic values states, not actions: no Q-values for the value measure.
         rule = parse_sync(w.sync, w.max_lag_versions, w.max_lag_seconds,
-                          self.policy_kind(box_actions), q_values=self.algo != "ppo")  # fmt: skip
+                          self.agent.policy_kind(box_actions), q_values=self.agent.Q_VALUES)  # fmt: skip
         return getattr(rule, "divergence", None)
 
     def chunk_time_limit_s(self) -> float:
@@ -293,15 +290,6 @@ class TrainConfig(Generic[AgentConfig]):
                 f"--device {self.device}: only {torch.cuda.device_count()} CUDA devices"
             )
         return device
-
-    def policy_kind(self, box_actions: bool = False) -> type[Behaviour]:
-        """How workers act (pipeline/behaviour.py): ε-greedy on Q for DQN; for PPO, sampled
-        logits, or a squashed Gaussian on Box actions; for SAC a squashed Gaussian."""
-        if self.algo == "sac":
-            return SquashedGaussian
-        if self.algo != "ppo":
-            return EpsilonGreedy
-        return SquashedGaussian if box_actions else Categorical
 
     def settings(self) -> dict[str, tuple[Any, str]]:
         """Every setting by its flat name (its flag without dashes; names are unique across the

@@ -6,15 +6,9 @@ from typing import Any
 
 import gymnasium as gym
 
+from clusterenv.learner.config import AGENT_CONFIGS
 from clusterenv.pipeline.envs import make_env
 from clusterenv.pipeline.spaces import SpaceSpecs, stack_depth
-
-# The action spaces each agent trains on.
-ACTION_SPACES: dict[str, tuple[type[gym.Space], ...]] = {
-    "dqn": (gym.spaces.Discrete,),
-    "ppo": (gym.spaces.Discrete, gym.spaces.Box),
-    "sac": (gym.spaces.Box,),
-}
 
 
 def env_spaces(
@@ -22,7 +16,7 @@ def env_spaces(
 ) -> tuple[SpaceSpecs, float | None]:
     """The env's observation and action specs as chunks carry them (a stack of frames noted as
     such) and its reward threshold; ValueError if `algo` cannot train on them (every agent takes
-    Box observations; ACTION_SPACES says which actions; Discrete ones numbered from 0, Box ones
+    Box observations; the agent config's ACTION_SPACES says which actions; Discrete ones numbered from 0, Box ones
     bounded)."""
     try:
         env = make_env(env_id, env_kwargs, training=True)
@@ -32,10 +26,10 @@ def env_spaces(
         raise ValueError(f"--env-kwargs for {env_id!r}: {exc}") from None
     try:
         obs_space, act_space = env.observation_space, env.action_space
-        takes = ACTION_SPACES[algo]
+        takes = AGENT_CONFIGS[algo].ACTION_SPACES
         if not isinstance(act_space, takes):
             kinds = " or ".join(kind.__name__ for kind in takes)
-            other = [a for a, t in ACTION_SPACES.items() if isinstance(act_space, t)]
+            other = [a for a, c in AGENT_CONFIGS.items() if isinstance(act_space, c.ACTION_SPACES)]
             also = f" (--algo {' or '.join(other)} trains those)" if other else ""
             raise ValueError(
                 f"--env {env_id!r}: --algo {algo} needs a {kinds} action space, not "

@@ -4,8 +4,9 @@ exploration. Defaults: RL-Zoo's CartPole-v1 settings mapped onto this learner's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
+import gymnasium as gym
 from tyro.conf import arg
 
 from clusterenv.learner.core.networks import Torso, hidden_sizes
@@ -21,6 +22,13 @@ def linear(start: float, end: float, steps: int, over: int) -> float:
 @dataclass
 class DQNConfig:
     """Double DQN from replay; workers act ε-greedily on their cached Q-network."""
+
+    # What the run must know of the agent before it is built (learner/config.py reads these of
+    # every agent's config): the actions it trains on, whether the learner has Q-values (APS's
+    # value measure reads them) and whether it learns from replay.
+    ACTION_SPACES: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Discrete,)
+    Q_VALUES: ClassVar[bool] = True
+    REPLAY: ClassVar[bool] = True
 
     lr: float = 2.3e-3
     """Adam learning rate"""
@@ -111,6 +119,11 @@ class DQNConfig:
 
     def epsilon(self, env_steps: int) -> float:
         return linear(self.eps_start, self.eps_end, env_steps, self.eps_decay_steps)
+
+    @staticmethod
+    def policy_kind(box_actions: bool) -> type[Behaviour]:
+        """How workers act (pipeline/behaviour.py), for the sync rule's choice of measures."""
+        return EpsilonGreedy
 
     def behaviour(self, env_steps: int, actor_envs: int) -> Behaviour:
         """How workers act on a chunk dispatched at `env_steps`, with `actor_envs` actor envs live."""

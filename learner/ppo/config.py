@@ -4,16 +4,30 @@ how stale a chunk may be."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
+
+import gymnasium as gym
 
 from clusterenv.learner.core.networks import Torso, hidden_sizes
 from clusterenv.learner.core.settings import require_non_negative, require_positive
+from clusterenv.pipeline.behaviour import Behaviour, Categorical, SquashedGaussian
 
 
 @dataclass
 class PPOConfig:
     """PPO on chunks; workers sample their cached policy and send its log-probs. CleanRL's
     ppo.py defaults."""
+
+    # What the run must know of the agent before it is built (as DQNConfig's): PPO's critic values
+    # states, not actions, so the learner has no Q-values; it learns from fresh chunks, no replay.
+    ACTION_SPACES: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Discrete, gym.spaces.Box)
+    Q_VALUES: ClassVar[bool] = False
+    REPLAY: ClassVar[bool] = False
+
+    @staticmethod
+    def policy_kind(box_actions: bool) -> type[Behaviour]:
+        """Sampled logits, or a squashed Gaussian on Box actions (pipeline/behaviour.py)."""
+        return SquashedGaussian if box_actions else Categorical
 
     lr: float = 2.5e-4
     """Adam learning rate (constant: an asynchronous run has no fixed number of updates to anneal over)"""

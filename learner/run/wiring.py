@@ -17,7 +17,6 @@ from prometheus_client import CollectorRegistry
 from clusterenv.learner.agents import build_agent
 from clusterenv.learner.config import TrainConfig, WeightSyncConfig
 from clusterenv.learner.core.agent import Agent
-from clusterenv.learner.core.spaces import env_spaces
 from clusterenv.learner.persistence.best import BestKeeper
 from clusterenv.learner.persistence.checkpoint import Checkpoints
 from clusterenv.learner.persistence.resume import record_version
@@ -28,6 +27,7 @@ from clusterenv.learner.run.prometheus import RunGauges
 from clusterenv.learner.run.publisher import Publisher, ReferencePool
 from clusterenv.learner.run.records import RunRecords
 from clusterenv.learner.run.status import RunStatus
+from clusterenv.learner.spaces import env_spaces
 from clusterenv.pipeline.chunks.dispatcher import Dispatcher
 from clusterenv.pipeline.chunks.stream import StreamReader
 from clusterenv.pipeline.chunks.takers import RedisChunkTakers

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, ClassVar
 
+import gymnasium as gym
 from tyro.conf import arg
 
 from clusterenv.learner.core.networks import hidden_sizes
 from clusterenv.learner.core.settings import require_positive
+from clusterenv.pipeline.behaviour import Behaviour, SquashedGaussian
 
 
 @dataclass
 class SACConfig:
     """Soft actor-critic from replay (Haarnoja et al. 2018, with automatic entropy tuning); workers
     sample their cached actor, a tanh-squashed Gaussian, and evaluation acts with its mean."""
+
+    # What the run must know of the agent before it is built (as DQNConfig's).
+    ACTION_SPACES: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Box,)
+    Q_VALUES: ClassVar[bool] = True
+    REPLAY: ClassVar[bool] = True
+
+    @staticmethod
+    def policy_kind(box_actions: bool) -> type[Behaviour]:
+        """A squashed Gaussian (pipeline/behaviour.py)."""
+        return SquashedGaussian
 
     lr: float = 3e-4
     """Adam learning rate of the actor, the critics and the entropy coefficient"""

@@ -150,9 +150,9 @@ def stop_on_signals() -> None:
 
 
 def train(cfg: TrainConfig) -> int:
-    from clusterenv.learner.core.spaces import env_spaces
     from clusterenv.learner.run.loop import Run, RunFailed
     from clusterenv.learner.run.wiring import redis_broker
+    from clusterenv.learner.spaces import env_spaces
     from clusterenv.pipeline.cluster.embedded import Stack, WorkersDidNotStart
     from clusterenv.pipeline.connect import RedisUnreachable, connect, redact
     from clusterenv.pipeline.spaces import BoxActions

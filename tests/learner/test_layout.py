@@ -11,7 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from clusterenv.learner.core.spaces import env_spaces
+from clusterenv.learner.spaces import env_spaces
 
 LEARNER = Path(__file__).resolve().parents[2] / "learner"
 AGENTS = ("dqn", "ppo", "sac")

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from clusterenv.learner.core.spaces import env_spaces
+from clusterenv.learner.spaces import env_spaces
 from clusterenv.learner.tools.cli import main
 from clusterenv.pipeline.codec import ArraySpec, encode_weights
 from clusterenv.pipeline.spaces import DiscreteActions

@@ -175,7 +175,7 @@ def test_atari_games_take_rl_zoos_atari_dqn_in_this_learners_units():
 
 
 def test_the_continuous_control_envs_take_rl_zoos_sac_settings_and_their_box_actions():
-    from clusterenv.learner.core.spaces import env_spaces
+    from clusterenv.learner.spaces import env_spaces
 
     lander = parse_train(["--algo", "sac", "--env", "LunarLander-v3"])
     assert lander.env_kwargs == {"continuous": True}  # RL-Zoo's LunarLanderContinuous

@@ -141,3 +141,10 @@ def test_the_value_measure_is_for_sac_and_refused_for_ppo_by_name():
     ppo = parse_train(["--algo", "ppo", "--env", "Pendulum-v1", "--sync", "aps:0.01:value"])
     with pytest.raises(ValueError, match="the value measure needs Q-values"):
         ppo.validate()
+
+
+def test_checkpointing_replay_is_refused_for_ppo_which_has_none_and_taken_for_sac():
+    parse_train(["--algo", "sac", "--env", "Pendulum-v1", "--checkpoint-replay"]).validate()
+    ppo = parse_train(["--algo", "ppo", "--env", "Pendulum-v1", "--checkpoint-replay"])
+    with pytest.raises(ValueError, match="--checkpoint-replay: --algo ppo learns from fresh"):
+        ppo.validate()

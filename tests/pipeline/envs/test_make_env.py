@@ -41,7 +41,7 @@ class Missing:
 
 sys.meta_path.insert(0, Missing())
 import gymnasium as gym
-from clusterenv.learner.core.spaces import env_spaces
+from clusterenv.learner.spaces import env_spaces
 from clusterenv.pipeline.envs import make_env
 
 make_env("CartPole-v1", {}, training=True).reset(seed=0)
