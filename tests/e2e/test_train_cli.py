@@ -247,8 +247,9 @@ def field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
+    fields = {f.name for f in dataclasses.fields(cls)}  # not the ClassVars an agent declares
     for node, after in zip(body, body[1:] + [None], strict=True):
-        if not isinstance(node, ast.AnnAssign):
+        if not isinstance(node, ast.AnnAssign) or node.target.id not in fields:  # type: ignore[attr-defined]
             continue
         name = node.target.id  # type: ignore[attr-defined]
         kind = typing.get_type_hints(cls)[name]
