@@ -121,17 +121,17 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     bootstrap 95 % intervals over seeds; against the env's first system (the preset as it ships,
     where variants ran), the ratio of median first hits with its interval."""
     out = []
-    first_hits = {}
+    bases: dict[str, tuple[str, list[float]]] = {}
     for env, system in dict.fromkeys((r["env"], r["system"]) for r in runs):
         mine = [r for r in runs if r["env"] == env and r["system"] == system]
         bar = mine[0]["bar"]
         steps = [math.inf if r["first_hit_steps"] is None else r["first_hit_steps"] for r in mine]
-        first_hits.setdefault(env, steps)  # the env's first system: what variants compare to
-        means = [
-            r["mean_eval"] for r in mine if "mean_eval" in r
-        ]  # rows of before 2026-12-07 lack it
+        # The env's first system (the preset as it ships) is what its variants compare to.
+        base_system, base_steps = bases.setdefault(env, (system, steps))
+        ratio = None if system == base_system else bootstrap_ratio(steps, base_steps)
+        # Rows of before 2026-12-07 lack mean_eval.
+        means = [r["mean_eval"] for r in mine if "mean_eval" in r]
         fresh = [r["best_fresh"] for r in mine if "best_fresh" in r]
-        ratio = bootstrap_ratio(steps, first_hits[env]) if first_hits[env] is not steps else None
         out.append({
             "env": env, "system": system, "bar": bar, "budget": mine[0]["budget"], "seeds": len(mine),
             "reached_bar": f"{sum(s != math.inf for s in steps)}/{len(mine)}",

@@ -148,9 +148,8 @@ FAMILIES = {  # rule family -> (marker, colour) in the trade-off plot
 
 def family(spec: str, algo: str) -> str:
     """`aps:<divergence>` for APS rules, else the rule's name: what the plot colours by."""
-    rule = parse_sync(
-        spec, kind=AGENT_CONFIGS[algo].policy_kind(box_actions=False)
-    )  # the envs' actions: PPO's Discrete
+    # PPO's grid runs Discrete envs; SAC's policy kind is the same on any actions.
+    rule = parse_sync(spec, kind=AGENT_CONFIGS[algo].policy_kind(box_actions=False))
     return f"aps:{rule.divergence}" if isinstance(rule, Aps) else spec.split(":")[0]
 
 

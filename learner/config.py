@@ -13,8 +13,9 @@ import json
 import os
 import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
+import gymnasium as gym
 import torch
 from tyro.conf import arg
 from tyro.constructors import PrimitiveConstructorSpec
@@ -23,12 +24,33 @@ from clusterenv.learner.core.settings import require_non_negative, require_posit
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.ppo.config import PPOConfig
 from clusterenv.learner.sac.config import SACConfig
+from clusterenv.pipeline.behaviour import Behaviour
 from clusterenv.pipeline.chunks.dispatcher import DispatchConfig
 from clusterenv.pipeline.connect import redact
 from clusterenv.pipeline.sync.rules import DEFAULT_SYNC, parse_sync
 
+
+class AgentKind(Protocol):
+    """What the run must know of an agent before it is built, read off its config's class: the
+    env spaces it takes (learner/spaces.py), the sync measures its workers' policies allow, whether
+    a checkpoint can carry replay."""
+
+    ACTION_SPACES: ClassVar[tuple[type[gym.Space], ...]]
+    """the action spaces it trains on"""
+    Q_VALUES: ClassVar[bool]
+    """whether the learner has Q-values of actions (APS's `value` measure reads them)"""
+    REPLAY: ClassVar[bool]
+    """whether it learns from replay (which --checkpoint-replay saves)"""
+
+    @staticmethod
+    def policy_kind(box_actions: bool) -> type[Behaviour]:
+        """How its workers act on these actions (pipeline/behaviour.py), whose divergences APS
+        may measure."""
+        ...
+
+
 # Each agent's config by the name `--algo` gives.
-AGENT_CONFIGS: dict[str, type] = {"dqn": DQNConfig, "ppo": PPOConfig, "sac": SACConfig}
+AGENT_CONFIGS: dict[str, type[AgentKind]] = {"dqn": DQNConfig, "ppo": PPOConfig, "sac": SACConfig}
 AgentConfig = TypeVar("AgentConfig", DQNConfig, PPOConfig, SACConfig)
 
 

@@ -16,8 +16,8 @@ def env_spaces(
 ) -> tuple[SpaceSpecs, float | None]:
     """The env's observation and action specs as chunks carry them (a stack of frames noted as
     such) and its reward threshold; ValueError if `algo` cannot train on them (every agent takes
-    Box observations; the agent config's ACTION_SPACES says which actions; Discrete ones numbered from 0, Box ones
-    bounded)."""
+    Box observations; the agent config's ACTION_SPACES says which actions; Discrete ones
+    numbered from 0, Box ones bounded)."""
     try:
         env = make_env(env_id, env_kwargs, training=True)
     except gym.error.Error as exc:

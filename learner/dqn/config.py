@@ -23,9 +23,7 @@ def linear(start: float, end: float, steps: int, over: int) -> float:
 class DQNConfig:
     """Double DQN from replay; workers act ε-greedily on their cached Q-network."""
 
-    # What the run must know of the agent before it is built (learner/config.py reads these of
-    # every agent's config): the actions it trains on, whether the learner has Q-values (APS's
-    # value measure reads them) and whether it learns from replay.
+    # What the run must know of the agent before it is built (learner/config.py's AgentKind).
     ACTION_SPACES: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Discrete,)
     Q_VALUES: ClassVar[bool] = True
     REPLAY: ClassVar[bool] = True

@@ -6,11 +6,10 @@ from collections.abc import Callable
 
 from clusterenv.learner.config import TrainConfig
 from clusterenv.learner.core.agent import Agent
-from clusterenv.learner.core.policies import CategoricalPolicy, SquashedGaussianPolicy
+from clusterenv.learner.core.policies import CategoricalPolicy, Policy, SquashedGaussianPolicy
 from clusterenv.learner.ppo.config import PPOConfig
 from clusterenv.learner.ppo.learning import PPOLearner
 from clusterenv.learner.replay.rate_limiter import RateLimiter
-from clusterenv.pipeline.behaviour import Behaviour, Categorical, SquashedGaussian
 from clusterenv.pipeline.codec import ArraySpec
 from clusterenv.pipeline.spaces import BoxActions, SpaceSpecs
 
@@ -30,12 +29,14 @@ def build_ppo(
     # Discrete actions: a categorical policy, each row's behaviour log-prob sent with it; Box
     # actions: a squashed Gaussian, its pre-squash sample sent too (learner/ppo/loss.py).
     extra = {"logp": ArraySpec("<f4", ())}
-    behaviour: Behaviour
-    if isinstance(spaces.action, BoxActions):
-        policy, behaviour = SquashedGaussianPolicy(spaces.action.dim), SquashedGaussian()
+    box = isinstance(spaces.action, BoxActions)
+    behaviour = p.policy_kind(box)()
+    policy: Policy
+    if box:
+        policy = SquashedGaussianPolicy(spaces.action.dim)
         extra["pre_squash"] = ArraySpec("<f4", (spaces.action.dim,))
     else:
-        policy, behaviour = CategoricalPolicy(spaces.action.n), Categorical()
+        policy = CategoricalPolicy(spaces.action.n)
     learner = PPOLearner(spaces.obs.row_shape, policy, p, limiter, lag_versions,
                          seed=cfg.seed, device=cfg.torch_device())  # fmt: skip
     # An APS worker whose policy the learner would drop must fetch, or the run stalls: the

@@ -18,8 +18,9 @@ class PPOConfig:
     """PPO on chunks; workers sample their cached policy and send its log-probs. CleanRL's
     ppo.py defaults."""
 
-    # What the run must know of the agent before it is built (as DQNConfig's): PPO's critic values
-    # states, not actions, so the learner has no Q-values; it learns from fresh chunks, no replay.
+    # What the run must know of the agent before it is built (learner/config.py's AgentKind):
+    # PPO's critic values states, not actions, so the learner has no Q-values; it learns from
+    # fresh chunks, no replay.
     ACTION_SPACES: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Discrete, gym.spaces.Box)
     Q_VALUES: ClassVar[bool] = False
     REPLAY: ClassVar[bool] = False

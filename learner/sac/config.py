@@ -18,7 +18,7 @@ class SACConfig:
     """Soft actor-critic from replay (Haarnoja et al. 2018, with automatic entropy tuning); workers
     sample their cached actor, a tanh-squashed Gaussian, and evaluation acts with its mean."""
 
-    # What the run must know of the agent before it is built (as DQNConfig's).
+    # What the run must know of the agent before it is built (learner/config.py's AgentKind).
     ACTION_SPACES: ClassVar[tuple[type[gym.Space], ...]] = (gym.spaces.Box,)
     Q_VALUES: ClassVar[bool] = True
     REPLAY: ClassVar[bool] = True

@@ -1,6 +1,7 @@
 """The learner's rooms keep their arrows one way: no agent imports another, the run reaches the
 agents only through learner/agents.py, and nothing in learner/ talks to Redis but through the
-roles of pipeline/roles.py. And what the agents can train on is refused by name otherwise."""
+roles of pipeline/roles.py. And what the agents can train on is refused by name otherwise, and
+how each acts on what it takes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from clusterenv.learner.agents import build_agent
+from clusterenv.learner.config import AGENT_CONFIGS, TrainConfig
 from clusterenv.learner.spaces import env_spaces
+from clusterenv.pipeline.behaviour import Behaviour, Categorical, SquashedGaussian
 
 LEARNER = Path(__file__).resolve().parents[2] / "learner"
 AGENTS = ("dqn", "ppo", "sac")
@@ -89,3 +93,28 @@ def test_an_env_the_agents_cannot_train_on_is_refused_by_name():
     gym.register("clusterenv-test/Shifted-v0", ShiftedActions)
     with pytest.raises(ValueError, match="Discrete actions numbered from 0"):
         env_spaces("clusterenv-test/Shifted-v0", {})
+
+
+@pytest.mark.parametrize("algo", AGENTS)
+def test_each_agent_kind_acts_on_every_action_space_it_takes_with_its_default_sync(algo):
+    # What learner/config.py's AgentKind asks of an agent's config, read for each space it
+    # declares: its workers' policy kind exists there, and the default rule measures that kind.
+    cfg = TrainConfig.for_algo(algo)
+    kind = AGENT_CONFIGS[algo]
+    assert kind.ACTION_SPACES, algo
+    for space in kind.ACTION_SPACES:
+        box = space is gym.spaces.Box
+        assert issubclass(kind.policy_kind(box), Behaviour)
+        assert cfg.sync_measure(box) in kind.policy_kind(box).DIVERGENCES
+    if not kind.Q_VALUES:
+        cfg.weights.sync = "aps:0.01:value"
+        with pytest.raises(ValueError, match="the value measure needs Q-values"):
+            cfg.check_sync(box_actions=True)
+
+
+def test_ppo_acts_by_its_policy_kind_on_each_action_space():
+    cfg = TrainConfig.for_algo("ppo")
+    for env, kind in (("CartPole-v1", Categorical), ("Pendulum-v1", SquashedGaussian)):
+        spaces, _ = env_spaces(env, {}, "ppo")
+        agent = build_agent(cfg, spaces, lambda version: 0)
+        assert type(agent.behaviour(0, 1)) is kind, env
