@@ -230,8 +230,8 @@ class TrainConfig(Generic[AgentConfig]):
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     agent: AgentConfig = field(default_factory=DQNConfig)
 
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad setting."""
+    def validate(self, box_actions: bool | None = None) -> None:
+        """Raise ValueError naming the first bad setting; `box_actions` as for check_sync."""
         if not isinstance(self.agent, AGENT_CONFIGS[self.algo]):
             raise ValueError(
                 f"--algo {self.algo} needs its own settings, not {type(self.agent).__name__}"
@@ -271,12 +271,24 @@ class TrainConfig(Generic[AgentConfig]):
         if not self.agent.REPLAY and self.checkpoint.checkpoint_replay:
             raise ValueError(f"--checkpoint-replay: --algo {self.algo} learns from fresh chunks "
                              "and has no replay to keep")  # fmt: skip
-        self.check_sync()
+        self.check_sync(box_actions)
 
-    def check_sync(self, box_actions: bool = False) -> None:
-        """ValueError naming what is wrong with --sync for how the workers will act (an env with
-        Box actions, once its spaces are known, allows other divergences than a Discrete one)."""
-        self.sync_measure(box_actions)
+    def check_sync(self, box_actions: bool | None = None) -> None:
+        """ValueError naming what is wrong with --sync for how the workers will act: on Box
+        actions or not, which allow different divergences. Before the env's spaces are known
+        (None) it passes if it fits any action space the agent takes, for the env's own check
+        to decide: refusing it for one of them would name choices that may not be the env's."""
+        if box_actions is not None:
+            self.sync_measure(box_actions)
+            return
+        boxes = sorted({issubclass(s, gym.spaces.Box) for s in self.agent.ACTION_SPACES})
+        for box in boxes[:-1]:
+            try:
+                self.sync_measure(box)
+                return
+            except ValueError:
+                pass
+        self.sync_measure(boxes[-1])
 
     def sync_measure(self, box_actions: bool = False) -> str | None:
         """The divergence --sync's aps rule measures (None for other rules); a ValueError naming

@@ -29,14 +29,14 @@ def build_ppo(
     # Discrete actions: a categorical policy, each row's behaviour log-prob sent with it; Box
     # actions: a squashed Gaussian, its pre-squash sample sent too (learner/ppo/loss.py).
     extra = {"logp": ArraySpec("<f4", ())}
-    box = isinstance(spaces.action, BoxActions)
-    behaviour = p.policy_kind(box)()
+    action = spaces.action
+    behaviour = p.policy_kind(isinstance(action, BoxActions))()
     policy: Policy
-    if box:
-        policy = SquashedGaussianPolicy(spaces.action.dim)
-        extra["pre_squash"] = ArraySpec("<f4", (spaces.action.dim,))
+    if isinstance(action, BoxActions):
+        policy = SquashedGaussianPolicy(action.dim)
+        extra["pre_squash"] = ArraySpec("<f4", (action.dim,))
     else:
-        policy = CategoricalPolicy(spaces.action.n)
+        policy = CategoricalPolicy(action.n)
     learner = PPOLearner(spaces.obs.row_shape, policy, p, limiter, lag_versions,
                          seed=cfg.seed, device=cfg.torch_device())  # fmt: skip
     # An APS worker whose policy the learner would drop must fetch, or the run stalls: the

@@ -158,9 +158,8 @@ def train(cfg: TrainConfig) -> int:
     from clusterenv.pipeline.spaces import BoxActions
 
     try:
-        cfg.validate()
         spaces, _ = env_spaces(cfg.env, cfg.env_kwargs, cfg.algo)
-        cfg.check_sync(box_actions=isinstance(spaces.action, BoxActions))
+        cfg.validate(box_actions=isinstance(spaces.action, BoxActions))
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if cfg.redis_url is not None:

@@ -228,6 +228,10 @@ def _text(path: Path) -> str:
         (["--redis-url", "redis://127.0.0.1:1/0"], "cannot reach Redis at redis://127.0.0.1:1/0"),
         (["--sync", "sometimes"], "unknown sync policy 'sometimes'"),
         (["--env", "Pendulum-v1"], "Discrete action space"),
+        (
+            ["--algo", "ppo", "--env", "Pendulum-v1", "--sync", "aps:0.1:tv"],
+            "'tv' does not apply to squashed_gaussian policies; choose kl",
+        ),
         (["--env-kwargs", "[1]"], "must be a JSON object"),
         (["--metrics-port", "70000"], "--metrics-port must be a TCP port"),
     ],

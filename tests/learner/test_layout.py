@@ -112,6 +112,26 @@ def test_each_agent_kind_acts_on_every_action_space_it_takes_with_its_default_sy
             cfg.check_sync(box_actions=True)
 
 
+def test_a_sync_measure_is_checked_against_the_envs_actions_once_they_are_known():
+    # PPO takes Discrete and Box actions: before the env is known, a measure that fits either
+    # passes; with the env's actions, the refusal names that env's choices only.
+    cfg = TrainConfig.for_algo("ppo")
+    cfg.weights.sync = "aps:0.1:tv"
+    cfg.validate()
+    cfg.validate(box_actions=False)
+    with pytest.raises(
+        ValueError, match=r"'tv' does not apply to squashed_gaussian .*; choose kl$"
+    ):
+        cfg.validate(box_actions=True)
+    cfg.weights.sync = "aps:0.01:value"
+    with pytest.raises(ValueError, match=r"needs Q-values \(DQN, SAC\); choose kl$"):
+        cfg.validate(box_actions=True)
+    with pytest.raises(ValueError, match=r"needs Q-values \(DQN, SAC\); choose kl, tv$"):
+        cfg.validate(box_actions=False)
+    with pytest.raises(ValueError, match="needs Q-values"):
+        cfg.validate()
+
+
 def test_ppo_acts_by_its_policy_kind_on_each_action_space():
     cfg = TrainConfig.for_algo("ppo")
     for env, kind in (("CartPole-v1", Categorical), ("Pendulum-v1", SquashedGaussian)):
