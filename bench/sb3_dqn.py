@@ -2,7 +2,7 @@
 and the one eval protocol) both systems run under, and SB3 DQN run to it in this process.
 
 Shared by bench/time_to_solve.py, bench/presets.py (--sb3), bench/update_cost.py and
-bench/minatar_learning.py. Both systems step the env clusterenv's workers make (`make_env`: a
+bench/learning_curves.py. Both systems step the env clusterenv's workers make (`make_env`: a
 plain id as gym.make gives it, MinAtar through its adapter); on MinAtar, SB3's Q-network is
 MinAtar's own (`sb3_params_from_preset`), the one `--torso minatar` builds.
 SB3 is the optional bench dependency: pip install -e '.[bench]'.
