@@ -162,17 +162,27 @@ def main(argv: list[str] | None = None) -> int:
         default=30,
         help="episodes of final.safetensors and best.safetensors after each run",
     )
-    p.add_argument("--variant", action="append", default=[],
-                   help="train flags added to the preset (repeatable; each seed runs the preset, "
-                        "then each variant), e.g. --variant='--lr-end 0'")  # fmt: skip
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="train flags added to the preset (repeatable; each seed runs the preset, "
+        "then each variant), e.g. --variant='--lr-end 0'",
+    )
+    p.add_argument(
+        "--base",
+        default="",
+        help="train flags added to every clusterenv run, the preset's too, and left out of the "
+        "systems' names: to resume an ablation against a preset as it was before it changed",
+    )
     args = p.parse_args(argv)
     mark_start()
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     if args.resume and args.out.exists():
         runs = json.loads(args.out.read_text())["runs"]
-    if args.sb3 and args.variant:
-        p.error("--variant applies to clusterenv runs, not --sb3")
+    if args.sb3 and (args.variant or args.base):
+        p.error("--variant and --base apply to clusterenv runs, not --sb3")
     done = {(r["env"], r["seed"], r["system"]) for r in runs}
     for env in args.envs.split(","):
         if env not in BARS:
@@ -186,8 +196,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.sb3:
                 r = sb3_one(env, seed)
             else:
-                r = run_one(env, seed, args.runs_dir, args.fresh_episodes, variant)
+                r = run_one(env, seed, args.runs_dir, args.fresh_episodes,
+                            f"{args.base} {variant}".strip())  # fmt: skip
             r["system"] = system
+            if args.base:
+                r["base"] = args.base
             runs.append(r)
             fresh = (f", fresh: final {r['final_fresh']:.1f}, best {r['best_fresh']:.1f}"
                      if "best_fresh" in r else "")  # fmt: skip
