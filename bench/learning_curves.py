@@ -46,11 +46,17 @@ def sb3_params(algo: str, env: str, budget: int) -> dict[str, Any]:
 
 
 def run_one(
-    algo: str, system: str, trial: Trial, seed: int, extra: list[str], max_wall: float
+    algo: str,
+    system: str,
+    trial: Trial,
+    seed: int,
+    extra: list[str],
+    max_wall: float,
+    params: dict[str, Any],
 ) -> dict[str, Any]:
+    """One run: clusterenv with `extra` flags, or SB3 with `params` (sb3_params)."""
     if system == "clusterenv":
         return clusterenv_run(seed, trial, ["--algo", algo, *extra], max_wall)
-    params = sb3_params(algo, trial.env, trial.budget)
     return sb3_run(seed, trial, threads=1, params=params, algo=algo)
 
 
@@ -201,19 +207,21 @@ def main(argv: list[str] | None = None) -> int:
         params = {e: sb3_params(args.algo, e, args.budget) for e in envs}
     except ValueError as exc:
         p.error(f"--envs: {exc}")
+    # Each env's preset env_kwargs go to both systems.
+    trials = {e: Trial(e, defaults_for(e, args.algo, use_preset=True).env_kwargs, args.budget,
+                       args.eval_every, args.eval_episodes, NEVER, 1) for e in envs}  # fmt: skip
+    extra = args.clusterenv_args.split()
     mark_start()
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     budget_left = args.max_runs
     for seed in seeds:  # seed-major, so a partial benchmark has whole pairs
         for env in envs:
-            kwargs = defaults_for(env, args.algo, use_preset=True).env_kwargs  # both systems'
-            trial = Trial(env, kwargs, args.budget, args.eval_every, args.eval_episodes, NEVER, 1)
+            trial = trials[env]
             for system in systems:
                 path = run_path(args.runs_dir, system, env, seed)
                 if path.exists() or budget_left == 0:
                     continue
-                extra = args.clusterenv_args.split()
-                run = run_one(args.algo, system, trial, seed, extra, args.max_wall)
+                run = run_one(args.algo, system, trial, seed, extra, args.max_wall, params[env])
                 run |= {"trial": vars(trial) | {"target": None}, "loadavg_after": _load()}
                 path.write_text(json.dumps(run, indent=1) + "\n")
                 budget_left = None if budget_left is None else budget_left - 1

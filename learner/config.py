@@ -281,14 +281,14 @@ class TrainConfig(Generic[AgentConfig]):
         if box_actions is not None:
             self.sync_measure(box_actions)
             return
-        boxes = sorted({issubclass(s, gym.spaces.Box) for s in self.agent.ACTION_SPACES})
-        for box in boxes[:-1]:
+        refusals = []
+        for box in sorted({issubclass(s, gym.spaces.Box) for s in self.agent.ACTION_SPACES}):
             try:
                 self.sync_measure(box)
                 return
-            except ValueError:
-                pass
-        self.sync_measure(boxes[-1])
+            except ValueError as exc:
+                refusals.append(exc)
+        raise refusals[-1]
 
     def sync_measure(self, box_actions: bool = False) -> str | None:
         """The divergence --sync's aps rule measures (None for other rules); a ValueError naming
