@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 
@@ -31,11 +32,16 @@ gym.register("StepRecorder-v0", entry_point=StepRecorder, max_episode_steps=200)
 
 class SlowEval(CartPoleEnv):
     """CartPole whose steps sleep `delay_s`, or `eval_delay_s` in an evaluation episode (seeded from
-    EVAL_SEED_BASE up); the first evaluation reset in each process appends its pid to `log_path`."""
+    EVAL_SEED_BASE up); the first evaluation reset in each process appends its pid to `log_path`.
+    With `eval_steps`, an evaluation episode lasts exactly that many steps whatever the policy
+    does (the pole is left where it was), so its length does not depend on how far training got."""
 
-    def __init__(self, log_path: str, delay_s: float, eval_delay_s: float, **kwargs: Any):
+    def __init__(
+        self, log_path: str, delay_s: float, eval_delay_s: float, eval_steps: int = 0, **kwargs: Any
+    ):
         super().__init__(**kwargs)
         self.log_path, self.delay_s, self.eval_delay_s = log_path, delay_s, eval_delay_s
+        self.eval_steps, self.eval_stepped = eval_steps, 0
         self.evaluating = False
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
@@ -46,10 +52,15 @@ class SlowEval(CartPoleEnv):
             if self.evaluating:
                 with open(self.log_path, "a") as f:
                     f.write(f"{os.getpid()}\n")
+        self.eval_stepped = 0
         return super().reset(seed=seed, options=options)
 
     def step(self, action):
         time.sleep(self.eval_delay_s if self.evaluating else self.delay_s)
+        if self.evaluating and self.eval_steps:
+            self.eval_stepped += 1
+            obs = np.array(self.state, dtype=np.float32)
+            return obs, 1.0, False, self.eval_stepped >= self.eval_steps, {}
         return super().step(action)
 
 
