@@ -54,14 +54,15 @@ def test_cartpole_dqn_collects_chunks_of_128_steps_per_env_unless_a_flag_says_ot
 PLAIN = (1, False, "schedule", False)  # n-step, prioritized, exploration, dueling: DQN without them
 
 
-@pytest.mark.parametrize("env, ape_x", [("Acrobot-v1", True), ("MountainCar-v0", True),
-                                         ("LunarLander-v3", False), ("CartPole-v1", False)])  # fmt: skip
-def test_the_ablation_set_the_ape_x_features_where_they_helped(env, ape_x):
-    """All four together reached the bar sooner on Acrobot-v1 and MountainCar-v0, later on
-    LunarLander-v3 (docs/benchmarks.md, "DQN ablation"); flags take any of them back off."""
+@pytest.mark.parametrize("env, four", [("Acrobot-v1", (3, True, "ladder", True)),
+                                        ("MountainCar-v0", (3, False, "schedule", False)),
+                                        ("LunarLander-v3", PLAIN), ("CartPole-v1", PLAIN)])  # fmt: skip
+def test_the_ablation_set_the_ape_x_features_where_they_helped(env, four):
+    """All four together reached the bar sooner on Acrobot-v1, later on LunarLander-v3; on
+    MountainCar-v0 3-step returns alone held it at the end of the budget in every run (docs/
+    benchmarks.md, "DQN ablation"); flags take any of them back off."""
     agent = parse_train(["--env", env]).agent
-    four = (agent.n_step, agent.prioritized, agent.exploration, agent.dueling)
-    assert four == ((3, True, "ladder", True) if ape_x else PLAIN)
+    assert (agent.n_step, agent.prioritized, agent.exploration, agent.dueling) == four
     off = ["--n-step", "1", "--no-prioritized", "--exploration", "schedule", "--no-dueling"]
     plain = parse_train(["--env", env, *off]).agent
     assert (plain.n_step, plain.prioritized, plain.exploration, plain.dueling) == PLAIN
