@@ -56,20 +56,21 @@ def test_chunks_keep_arriving_while_the_workers_evaluate(tmp_path, workers):
     # collection to the learner's updates (at the default 32, about a chunk a second on a loaded
     # 2-core machine: a second's evaluation once saw a single chunk in CI): what is counted is
     # collection alone.
+    budget, chunk = 3000, 8 * 8  # env steps: the run's, and a chunk's (8 envs x --chunk-steps 8)
     args = slow_eval_args(tmp_path, tmp_path / "evals.txt", 0.02, workers=workers, eval_steps=30)
     proc = start_cli(
-        [*args, "--total-steps", "3000", "--samples-per-insert", "4"], uuid.uuid4().hex
+        [*args, "--total-steps", str(budget), "--samples-per-insert", "4"], uuid.uuid4().hex
     )
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err
     rows = read_metrics(only_run_dir(tmp_path / "runs") / "metrics.jsonl")
     seen = [(r["env_steps"], r["eval/latency_s"], r["eval/chunks_meanwhile"]) for r in rows]
     assert all(r["eval/latency_s"] >= 1.2 for r in rows), seen
-    # Evaluations asked for with at least two chunks (of 64 steps) left in the budget: a chunk
+    # Evaluations asked for with at least two chunks left in the budget: a chunk
     # takes ~0.2 s, so 1.2 s of evaluation leaves room for both. A lone worker taken away for the
     # evaluation delivers only the chunk it was collecting when asked: 1 in every such row with
     # `--eval-workers 0`.
-    due = [r for r in rows if r["env_steps"] <= 3000 - 2 * 64]
+    due = [r for r in rows if r["env_steps"] <= budget - 2 * chunk]
     assert len(due) >= 2, seen
     assert all(r["eval/chunks_meanwhile"] >= 2 for r in due), seen
 

@@ -61,11 +61,14 @@ def test_the_ablation_set_the_ape_x_features_where_they_helped(env, four):
     """All four together reached the bar sooner on Acrobot-v1, later on LunarLander-v3; on
     MountainCar-v0 3-step returns alone held it at the end of the budget in every run (docs/
     benchmarks.md, "DQN ablation"); flags take any of them back off."""
-    agent = parse_train(["--env", env]).agent
-    assert (agent.n_step, agent.prioritized, agent.exploration, agent.dueling) == four
+
+    def features(args: list[str]) -> tuple:
+        agent = parse_train(["--env", env, *args]).agent
+        return agent.n_step, agent.prioritized, agent.exploration, agent.dueling
+
+    assert features([]) == four
     off = ["--n-step", "1", "--no-prioritized", "--exploration", "schedule", "--no-dueling"]
-    plain = parse_train(["--env", env, *off]).agent
-    assert (plain.n_step, plain.prioritized, plain.exploration, plain.dueling) == PLAIN
+    assert features(off) == PLAIN
 
 
 def test_flags_override_the_preset_and_config_json_records_what_was_used():
