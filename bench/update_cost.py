@@ -11,6 +11,11 @@ Prioritized replay's cost (issue 32): the same update with `--prioritized` (sum-
 importance weights, priorities written back), and the tree's work alone per batch (a stratified
 sample of 64 and its priority update, 100,000 rows), against cpprb's PrioritizedReplayBuffer doing
 the same where cpprb is installed (it is not a dependency: `pip install cpprb` to compare).
+
+`--algo sac --env ENV` (issue 33): clusterenv's SAC update (`SACLearner.step()`) against SB3's
+SAC (`SAC.train`), both with the env's SAC preset (in SB3's units for SB3: bench/sb3_dqn.py) on
+20,000 random transitions of the env's shapes: where a SAC run's wall goes once the learner is
+what limits it (docs/benchmarks.md, the expensive continuous env).
 """
 
 from __future__ import annotations
@@ -18,20 +23,26 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
-from bench.common import mark_start, table, write_results
-from bench.sb3_dqn import RL_ZOO_CARTPOLE
+from bench.common import RESULTS_DIR, mark_start, table, write_results
+from bench.sb3_dqn import RL_ZOO_CARTPOLE, sb3_sac_params_from_preset
 from clusterenv.learner.dqn.config import DQNConfig
 from clusterenv.learner.dqn.learning import DQNLearner
 from clusterenv.learner.replay.priorities import Prioritized
 from clusterenv.learner.replay.rate_limiter import RateLimiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.learner.run.wiring import configure_torch
+from clusterenv.learner.sac.learning import SACLearner
+from clusterenv.learner.tools.presets import defaults_for
+from clusterenv.pipeline.spaces import BoxActions
 
 ROWS = 20_000
 
@@ -107,22 +118,89 @@ def sb3_ms(steps: int, data: dict[str, np.ndarray]) -> float:
     return 1e3 * (time.perf_counter() - t0) / steps
 
 
+def sac_transitions(env_id: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """ROWS random transitions of `env_id`'s shapes, actions within its bounds."""
+    env = gym.make(env_id)
+    obs_dim, space = int(np.prod(env.observation_space.shape)), env.action_space
+    env.close()
+    return {
+        "obs": rng.normal(size=(ROWS, obs_dim)).astype(np.float32),
+        "action": rng.uniform(space.low, space.high, (ROWS, *space.shape)).astype(np.float32),
+        "reward": rng.normal(size=ROWS).astype(np.float32),
+        "next_obs": rng.normal(size=(ROWS, obs_dim)).astype(np.float32),
+        "terminated": rng.random(ROWS) < 0.05,
+    }
+
+
+def clusterenv_sac_ms(steps: int, data: dict[str, np.ndarray], env_id: str) -> float:
+    cfg = defaults_for(env_id, "sac", use_preset=True).agent
+    env = gym.make(env_id)
+    actions = BoxActions.of(env.action_space)
+    env.close()
+    obs_dim = data["obs"].shape[1]
+    replay = ReplayBuffer(100_000, (obs_dim,), np.dtype(np.float32), actions.array)
+    replay.add(data["obs"], data["action"], data["reward"], data["next_obs"], data["terminated"])
+    limiter = RateLimiter(samples_per_insert=1e9, min_size=1, error_buffer=0.0)
+    limiter.on_insert(ROWS)
+    learner = SACLearner(obs_dim, actions, cfg, replay, limiter, seed=1)
+    for _ in range(20):
+        learner.step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        learner.step()
+    return 1e3 * (time.perf_counter() - t0) / steps
+
+
+def sb3_sac_ms(steps: int, data: dict[str, np.ndarray], env_id: str) -> float:
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.env_util import make_vec_env
+
+    params = sb3_sac_params_from_preset(env_id)
+    model = SAC("MlpPolicy", make_vec_env(env_id, n_envs=1, seed=1), seed=1, device="cpu",
+                verbose=0, **params)  # fmt: skip
+    model._setup_learn(total_timesteps=1)
+    for i in range(ROWS):
+        model.replay_buffer.add(
+            data["obs"][i][None], data["next_obs"][i][None], data["action"][i][None],
+            data["reward"][i : i + 1], data["terminated"][i : i + 1], [{}],
+        )  # fmt: skip
+    model.train(gradient_steps=20, batch_size=params["batch_size"])
+    t0 = time.perf_counter()
+    model.train(gradient_steps=steps, batch_size=params["batch_size"])
+    return 1e3 * (time.perf_counter() - t0) / steps
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.update_cost", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--steps", type=int, default=3000, help="timed gradient steps per repeat")
+    p.add_argument("--algo", choices=("dqn", "sac"), default="dqn",
+                   help="whose update: Double DQN's on CartPole shapes, or SAC's on --env's")  # fmt: skip
+    p.add_argument("--env", default="Pendulum-v1",
+                   help="--algo sac: the env whose shapes and SAC preset both use")  # fmt: skip
+    p.add_argument("--steps", type=int, default=None,
+                   help="timed gradient steps per repeat (default: 3000 DQN, 500 SAC)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats; medians reported")
     p.add_argument(
         "--out",
         type=Path,
         default=None,
-        help="results JSON (default: bench/results/update_cost.json)",
+        help="results JSON (default: bench/results/update_cost.json; update_cost_sac.json)",
     )
     args = p.parse_args(argv)
     mark_start()
+    if args.algo == "sac":
+        args.steps = args.steps or 500
+        data = sac_transitions(args.env, np.random.default_rng(0))
+        systems = {
+            "clusterenv SAC": (partial(clusterenv_sac_ms, env_id=args.env), True),
+            "SB3 SAC": (partial(sb3_sac_ms, env_id=args.env), False),
+        }
+        args.out = args.out or RESULTS_DIR / "update_cost_sac.json"
+        return report(args, systems, data, "SB3 SAC")
+    args.steps = args.steps or 3000
     data = fake_transitions(np.random.default_rng(0))
-    systems = {  # name: (gradient-step timer, subnormals flushed to zero)
+    systems = {
         "clusterenv Double DQN": (clusterenv_ms, True),
         "clusterenv Double DQN, prioritized": (partial(clusterenv_ms, prioritized=True), True),
         "sum tree alone (batch of 64)": (tree_ms, True),
@@ -131,25 +209,37 @@ def main(argv: list[str] | None = None) -> int:
     }
     if importlib.util.find_spec("cpprb") is not None:
         systems["cpprb prioritized buffer alone (batch of 64)"] = (cpprb_ms, True)
+    return report(args, systems, data, "SB3 DQN")
+
+
+def report(
+    args: argparse.Namespace,
+    systems: dict[str, tuple[Callable[[int, dict[str, np.ndarray]], float], bool]],
+    data: dict[str, np.ndarray],
+    peer: str,
+) -> int:
+    """Time each system's gradient step (`systems`: name -> (timer, subnormals flushed to
+    zero); interleaved repeats), print the table against `peer` (and prioritized replay's
+    overhead where both DQN rows are there), write the results to --out."""
     runs: dict[str, list[float]] = {name: [] for name in systems}
     configure_torch(1)  # the learner's torch; each system then sets the flag its row names
     for _ in range(args.repeats):  # interleaved, so a load change hits all
         for name, (timer, flush) in systems.items():
             torch.set_flush_denormal(flush)
             runs[name].append(timer(args.steps, data))
-    sb3 = float(np.median(runs["SB3 DQN"]))
+    sb3 = float(np.median(runs[peer]))
     rows = [
         {"system": name, "ms per gradient step": float(np.median(ms)),
          "per repeat": " ".join(f"{m:.3f}" for m in ms), "/ SB3": float(np.median(ms)) / sb3}
         for name, ms in runs.items()
     ]  # fmt: skip
     print(table(rows, list(rows[0])))
-    uniform, prioritized = (float(np.median(runs[f"clusterenv Double DQN{s}"]))
-                            for s in ("", ", prioritized"))  # fmt: skip
-    overhead = prioritized / uniform - 1
-    print(f"\nprioritized replay's overhead: {overhead:+.1%} of an update (issue 32: <= 20%)")
-    payload = {"args": vars(args) | {"out": str(args.out)}, "runs": runs,
-               "prioritized_overhead": overhead}  # fmt: skip
+    payload: dict[str, Any] = {"args": vars(args) | {"out": str(args.out)}, "runs": runs}
+    if "clusterenv Double DQN, prioritized" in runs:
+        uniform, prioritized = (float(np.median(runs[f"clusterenv Double DQN{s}"]))
+                                for s in ("", ", prioritized"))  # fmt: skip
+        payload["prioritized_overhead"] = overhead = prioritized / uniform - 1
+        print(f"\nprioritized replay's overhead: {overhead:+.1%} of an update (issue 32: <= 20%)")
     path = write_results("update_cost", payload, args.out)
     print(f"\nwrote {path}")
     return 0

@@ -128,10 +128,15 @@ class SACLearner:
         x = torch.cat([obs, action], dim=1)
         critic_loss = sum(0.5 * ((q(x).squeeze(1) - target) ** 2).mean() for q in self.critics)
         self._step("critic", critic_loss)
-        # 3. The actor, through the critics (their gradients from this loss are never applied:
-        # the critic's optimizer zeroes them before its next step).
-        actor_loss = (alpha * logp - self._q(self.critics, obs, new_action)).mean()
-        self._step("actor", actor_loss)
+        # 3. The actor, through the critics. Their weights are frozen for this loss: only the
+        # actor steps on it, and the critics' own weight gradients (a third of their backward)
+        # would be computed to be thrown away. The action's gradient flows through them as before.
+        self.critics.requires_grad_(False)
+        try:
+            actor_loss = (alpha * logp - self._q(self.critics, obs, new_action)).mean()
+            self._step("actor", actor_loss)
+        finally:
+            self.critics.requires_grad_(True)
         # 4. Polyak averaging of the targets.
         with torch.no_grad():
             for t, c in zip(self.targets.parameters(), self.critics.parameters(), strict=True):

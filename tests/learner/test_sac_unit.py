@@ -58,6 +58,22 @@ def test_an_update_trains_critics_actor_and_alpha_and_moves_the_targets_by_tau()
     assert any(not torch.equal(v, actor[k]) for k, v in sac.actor.state_dict().items())
 
 
+def test_the_critics_take_no_gradient_from_the_actors_loss_and_keep_learning():
+    """The actor's loss runs through the critics with their weights frozen: each critic weight
+    gets one gradient an update (the critics' loss), not a second from the actor's to be thrown
+    away, and is trainable again for the next update."""
+    sac = learner()
+    grads = []
+    for p in sac.critics.parameters():
+        p.register_hook(lambda g: grads.append(g))
+    assert sac.step()
+    assert len(grads) == len(list(sac.critics.parameters()))
+    critics = {k: v.clone() for k, v in sac.critics.state_dict().items()}
+    assert sac.step()
+    assert all(p.requires_grad for p in sac.critics.parameters())
+    assert all(not torch.equal(v, critics[k]) for k, v in sac.critics.state_dict().items())
+
+
 def test_the_published_actor_is_what_the_workers_numpy_forward_computes():
     sac = learner()
     for _ in range(3):
