@@ -61,11 +61,24 @@ def clusterenv_ms(steps: int, data: dict[str, np.ndarray], prioritized: bool = F
     cfg = DQNConfig(prioritized=prioritized)
     sampler = Prioritized(100_000, cfg.priority_alpha, cfg.priority_beta) if prioritized else None
     replay = ReplayBuffer(100_000, (4,), np.float32, sampler=sampler)
+    make = partial(DQNLearner, (4,), 2, cfg, seed=1)
+    return ms_per_update(make, replay, data, steps, warmup=100)
+
+
+def ms_per_update(
+    make: Callable[..., DQNLearner | SACLearner],
+    replay: ReplayBuffer,
+    data: dict[str, np.ndarray],
+    steps: int,
+    warmup: int,
+) -> float:
+    """`data` into `replay`, a learner `make(replay=, limiter=)` that samples it without limit,
+    `warmup` updates, then the milliseconds per update over `steps` more."""
     replay.add(data["obs"], data["action"], data["reward"], data["next_obs"], data["terminated"])
     limiter = RateLimiter(samples_per_insert=1e9, min_size=1, error_buffer=0.0)
     limiter.on_insert(ROWS)
-    learner = DQNLearner((4,), 2, cfg, replay, limiter, seed=1)
-    for _ in range(100):
+    learner = make(replay=replay, limiter=limiter)
+    for _ in range(warmup):
         learner.step()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -139,16 +152,8 @@ def clusterenv_sac_ms(steps: int, data: dict[str, np.ndarray], env_id: str) -> f
     env.close()
     obs_dim = data["obs"].shape[1]
     replay = ReplayBuffer(100_000, (obs_dim,), np.dtype(np.float32), actions.array)
-    replay.add(data["obs"], data["action"], data["reward"], data["next_obs"], data["terminated"])
-    limiter = RateLimiter(samples_per_insert=1e9, min_size=1, error_buffer=0.0)
-    limiter.on_insert(ROWS)
-    learner = SACLearner(obs_dim, actions, cfg, replay, limiter, seed=1)
-    for _ in range(20):
-        learner.step()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        learner.step()
-    return 1e3 * (time.perf_counter() - t0) / steps
+    make = partial(SACLearner, obs_dim, actions, cfg, seed=1)
+    return ms_per_update(make, replay, data, steps, warmup=20)
 
 
 def sb3_sac_ms(steps: int, data: dict[str, np.ndarray], env_id: str) -> float:
