@@ -119,23 +119,31 @@ def sb3_ms(steps: int, data: dict[str, np.ndarray]) -> float:
 
     model = DQN("MlpPolicy", make_vec_env("CartPole-v1", n_envs=1, seed=1), seed=1,
                 device="cpu", verbose=0, **RL_ZOO_CARTPOLE)  # fmt: skip
+    return sb3_ms_per_update(model, data, steps, warmup=100, batch_size=64)
+
+
+def sb3_ms_per_update(
+    model: Any, data: dict[str, np.ndarray], steps: int, warmup: int, batch_size: int
+) -> float:
+    """`data` into an SB3 model's replay buffer one row at a time (as its collection adds them),
+    `warmup` gradient steps of `model.train`, then the milliseconds per step over `steps` more."""
     model._setup_learn(total_timesteps=1)
     for i in range(ROWS):
+        row = slice(i, i + 1)
         model.replay_buffer.add(
-            data["obs"][i][None], data["next_obs"][i][None], np.array([data["action"][i]]),
-            data["reward"][i : i + 1], data["terminated"][i : i + 1], [{}],
+            data["obs"][row], data["next_obs"][row], data["action"][row], data["reward"][row],
+            data["terminated"][row], [{}],
         )  # fmt: skip
-    model.train(gradient_steps=100, batch_size=64)
+    model.train(gradient_steps=warmup, batch_size=batch_size)
     t0 = time.perf_counter()
-    model.train(gradient_steps=steps, batch_size=64)
+    model.train(gradient_steps=steps, batch_size=batch_size)
     return 1e3 * (time.perf_counter() - t0) / steps
 
 
-def sac_transitions(env_id: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """ROWS random transitions of `env_id`'s shapes, actions within its bounds."""
-    env = gym.make(env_id)
-    obs_dim, space = int(np.prod(env.observation_space.shape)), env.action_space
-    env.close()
+def sac_transitions(
+    obs_dim: int, space: gym.spaces.Box, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """ROWS random transitions of `obs_dim` observations, actions within `space`'s bounds."""
     return {
         "obs": rng.normal(size=(ROWS, obs_dim)).astype(np.float32),
         "action": rng.uniform(space.low, space.high, (ROWS, *space.shape)).astype(np.float32),
@@ -145,11 +153,10 @@ def sac_transitions(env_id: str, rng: np.random.Generator) -> dict[str, np.ndarr
     }
 
 
-def clusterenv_sac_ms(steps: int, data: dict[str, np.ndarray], env_id: str) -> float:
+def clusterenv_sac_ms(
+    steps: int, data: dict[str, np.ndarray], env_id: str, actions: BoxActions
+) -> float:
     cfg = defaults_for(env_id, "sac", use_preset=True).agent
-    env = gym.make(env_id)
-    actions = BoxActions.of(env.action_space)
-    env.close()
     obs_dim = data["obs"].shape[1]
     replay = ReplayBuffer(100_000, (obs_dim,), np.dtype(np.float32), actions.array)
     make = partial(SACLearner, obs_dim, actions, cfg, seed=1)
@@ -163,16 +170,7 @@ def sb3_sac_ms(steps: int, data: dict[str, np.ndarray], env_id: str) -> float:
     params = sb3_sac_params_from_preset(env_id)
     model = SAC("MlpPolicy", make_vec_env(env_id, n_envs=1, seed=1), seed=1, device="cpu",
                 verbose=0, **params)  # fmt: skip
-    model._setup_learn(total_timesteps=1)
-    for i in range(ROWS):
-        model.replay_buffer.add(
-            data["obs"][i][None], data["next_obs"][i][None], data["action"][i][None],
-            data["reward"][i : i + 1], data["terminated"][i : i + 1], [{}],
-        )  # fmt: skip
-    model.train(gradient_steps=20, batch_size=params["batch_size"])
-    t0 = time.perf_counter()
-    model.train(gradient_steps=steps, batch_size=params["batch_size"])
-    return 1e3 * (time.perf_counter() - t0) / steps
+    return sb3_ms_per_update(model, data, steps, warmup=20, batch_size=params["batch_size"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,9 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     mark_start()
     if args.algo == "sac":
         args.steps = args.steps or 500
-        data = sac_transitions(args.env, np.random.default_rng(0))
+        env = gym.make(args.env)  # its spaces only
+        space, obs_dim = env.action_space, int(np.prod(env.observation_space.shape))
+        env.close()
+        data = sac_transitions(obs_dim, space, np.random.default_rng(0))
+        sac_ms = partial(clusterenv_sac_ms, env_id=args.env, actions=BoxActions.of(space))
         systems = {
-            "clusterenv SAC": (partial(clusterenv_sac_ms, env_id=args.env), True),
+            "clusterenv SAC": (sac_ms, True),
             "SB3 SAC": (partial(sb3_sac_ms, env_id=args.env), False),
         }
         args.out = args.out or RESULTS_DIR / "update_cost_sac.json"
