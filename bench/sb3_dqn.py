@@ -60,18 +60,23 @@ def hits(evals: list[tuple[int, float, float]], target: float, n: int) -> tuple[
 def sb3_sac_params_from_preset(env: str) -> dict[str, Any]:
     """SB3 SAC's arguments for clusterenv's SAC preset of `env`: the same settings in SB3's units
     (gradient steps per env step from samples per insert; the entropy coefficient tuned from its
-    initial value)."""
+    initial value, or fixed at it; gSDE's noise drawn once a rollout of --chunk-steps, as once a
+    chunk here)."""
     from clusterenv.learner.tools.presets import defaults_for
 
-    d = defaults_for(env, "sac", use_preset=True).agent
-    hidden = [int(h) for h in d.hidden.split(",")]
+    config = defaults_for(env, "sac", use_preset=True)
+    d = config.agent
+    every = config.collection.chunk_steps if d.gsde else 1
+    policy_kwargs: dict[str, Any] = {"net_arch": [int(h) for h in d.hidden.split(",")]}
+    if d.gsde:
+        policy_kwargs["log_std_init"] = d.log_std_init
     return {
         "learning_rate": d.lr, "batch_size": d.batch_size, "buffer_size": d.buffer_size,
-        "learning_starts": d.learning_starts, "gamma": d.gamma, "tau": d.tau, "train_freq": 1,
-        "gradient_steps": round(d.samples_per_insert / d.batch_size),
-        "ent_coef": f"auto_{d.init_alpha}",
+        "learning_starts": d.learning_starts, "gamma": d.gamma, "tau": d.tau,
+        "train_freq": every, "gradient_steps": every * round(d.samples_per_insert / d.batch_size),
+        "ent_coef": f"auto_{d.init_alpha}" if d.learn_alpha else d.init_alpha,
         "target_entropy": "auto" if d.target_entropy is None else d.target_entropy,
-        "policy_kwargs": {"net_arch": hidden},
+        "use_sde": d.gsde, "policy_kwargs": policy_kwargs,
     }  # fmt: skip
 
 

@@ -1,8 +1,9 @@
 """How workers act on a published network's outputs: one small value per policy kind.
 
 A behaviour value travels in every ChunkRequest (JSON: `{"kind": "epsilon_greedy", "epsilon":
-0.05}`, `{"kind": "categorical"}`, `{"kind": "squashed_gaussian"}`) and through the sync
-interfaces. It knows how to act on the network's outputs (`act`) and which divergences between two
+0.05}`, `{"kind": "categorical"}`, `{"kind": "squashed_gaussian"}`, `{"kind": "gsde"}`) and
+through the sync interfaces. It knows how to act on the network's outputs (`act`; `acting` for a
+whole chunk, where a kind keeps something from step to step) and which divergences between two
 versions' outputs apply to it (`DIVERGENCES`, pipeline/sync/divergence.py; the first is the
 default of `aps:TOL`).
 """
@@ -15,7 +16,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clusterenv.pipeline.policy import epsilon_greedy, sample_categorical, sample_squashed_gaussian
+from clusterenv.pipeline.policy import (
+    NumpyMLP,
+    NumpyPolicy,
+    epsilon_greedy,
+    sample_categorical,
+    sample_squashed_gaussian,
+)
 from clusterenv.pipeline.sync import divergence
 from clusterenv.pipeline.task_args import TaskArgs, TaskArgsError
 
@@ -37,6 +44,17 @@ class Behaviour(TaskArgs):
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions for a batch of network outputs, and per-row arrays to keep with them."""
         raise NotImplementedError
+
+    def acting(self, policy: NumpyPolicy, num_envs: int, rng: np.random.Generator) -> Acting:
+        """How one chunk of `num_envs` envs acts with `policy`: per step, the network's outputs
+        on the envs' observations, and `act` on them (kinds that keep something over a chunk's
+        steps give their own)."""
+
+        def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+            outputs = policy(obs)
+            return (outputs, *self.act(outputs, rng))
+
+        return act
 
     def divergence(self, measure: str, learner: np.ndarray, worker: np.ndarray) -> float:
         """Measure `measure` between the learner's and the worker's outputs on the same states."""
@@ -223,9 +241,50 @@ class SquashedGaussian(Behaviour):
         return 2 * outputs + 1 if measure == "value" else outputs
 
 
+@dataclass(frozen=True)
+class StateDependentNoise(SquashedGaussian):
+    """gSDE (Raffin et al. 2022; SB3's `use_sde`) on a gSDE actor (pipeline/policy.py): at each
+    state the same squashed Gaussian as its outputs give, but an env's noise is a function of the
+    state, u = mean(s) + z(s) θ, with θ ~ N(0, σ²) (F x d) drawn for each env once a chunk (SB3's
+    sde_sample_freq -1 with train_freq = --chunk-steps). Over a chunk an env explores along a
+    smooth perturbed policy instead of shaking from step to step, which is what an env like
+    MountainCarContinuous-v0 needs to be crossed at all. SAC's only: it records nothing (`record`
+    False)."""
+
+    record: bool = False
+    kind = "gsde"
+
+    def check(self) -> None:
+        if self.record:
+            raise TaskArgsError("record: gSDE behaviours keep no log-probs (SAC's only)")
+
+    def acting(self, policy: NumpyPolicy, num_envs: int, rng: np.random.Generator) -> Acting:
+        if not isinstance(policy, NumpyMLP) or policy.sde_std is None:
+            raise ValueError("gsde acts with a gSDE actor (sde.log_std), not this network")
+        forward = policy.forward
+        theta = policy.sde_std * rng.standard_normal((num_envs, *policy.sde_std.shape))
+
+        def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+            outputs, z = forward(obs)
+            d = outputs.shape[1] // 2
+            u = outputs[:, :d] + np.einsum("nf,nfd->nd", z, theta)
+            return outputs, np.tanh(u), {}
+
+        return act
+
+    def act(
+        self, outputs: np.ndarray, rng: np.random.Generator
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        # The trap: the outputs alone have no features for the noise; a chunk acts through acting.
+        raise TypeError("a gSDE behaviour acts through acting(policy, num_envs, rng)")
+
+
+# One chunk's acting: observations -> (network outputs, actions, per-row arrays to keep).
+Acting = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]
 # The kinds a ChunkRequest may carry (EnvEpsilons is made on the worker, never sent).
 BEHAVIOURS: dict[str, type[Behaviour]] = {
-    b.kind: b for b in (EpsilonGreedy, EpsilonLadder, Categorical, SquashedGaussian)
+    b.kind: b
+    for b in (EpsilonGreedy, EpsilonLadder, Categorical, SquashedGaussian, StateDependentNoise)
 }
 # Every divergence some kind of policy has (a sync spec naming another one is refused as unknown).
 MEASURES: frozenset[str] = frozenset(m for b in BEHAVIOURS.values() for m in b.DIVERGENCES)

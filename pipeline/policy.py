@@ -25,8 +25,15 @@ describes it alone:
     value.bias         float (1,)               on the last layer's outputs, the state's value V
     advantage.weight   float (A, in)            and the A advantages; the outputs are the
     advantage.bias     float (A,)               Q-values V + A - mean(A)
+    sde.log_std        float (F, d)             gSDE actors only (Raffin et al. 2022; MLPs, no
+                                                dueling head): log σ of the exploration noise;
+                                                the last layer's d outputs are the means
 
 Without `input.*` and `conv.*` the arrays are an MLP on flattened observations (NumpyMLP). With
+`sde.log_std` the MLP is a gSDE actor: its outputs are a squashed Gaussian's 2d (means clipped to
+±SDE_MEAN_CLIP, then log-stds) where the std of action dimension k at a state is
+sqrt(Σ_j z_j² σ_jk² + SDE_VAR_EPS), z the F features the last layer takes (SB3's `use_sde` with
+`full_std`); `forward` gives z too, which the workers' noise is made of (pipeline/behaviour.py). With
 them a conv net (NumpyConvNet): each convolution takes the previous one's channels and its kernel
 fits the previous one's output, and the last output, flattened in (C, H, W) order, is `layers.0`'s
 input. Either may end in the dueling head (`value.*` and `advantage.*`, both or neither). No other
@@ -46,9 +53,13 @@ from numpy.lib.stride_tricks import sliding_window_view
 from clusterenv.pipeline.codec import decode_weights
 
 # Every name of the contract starts with one of these (what a file of an acting network holds).
-NETWORK_PREFIXES = ("input.", "conv.", "layers.", "value.", "advantage.")
+NETWORK_PREFIXES = ("input.", "conv.", "layers.", "value.", "advantage.", "sde.")
 # (weight transposed, bias) of a linear layer as the forwards hold it.
 Dense = tuple[np.ndarray, np.ndarray]
+# A gSDE actor's means are clipped to this (SB3's clip_mean: with tanh(2) = 0.96 the means stay
+# off tanh's flat ends, where the noise could no longer move the action), and its variances get
+# this added (SB3's epsilon) so a state of zero features has a finite log-std.
+SDE_MEAN_CLIP, SDE_VAR_EPS = 2.0, 1e-6
 
 
 class NumpyMLP:
@@ -57,10 +68,14 @@ class NumpyMLP:
 
     def __init__(self, weights: Mapping[str, np.ndarray]):
         """Layers from `layers.{i}.weight` / `.bias` (and a dueling head from `value.*` and
-        `advantage.*`); ValueError names the first array that does not fit."""
+        `advantage.*`, or a gSDE actor's `sde.log_std`); ValueError names the first array that
+        does not fit."""
         self.layers = _dense_layers(weights)
         self.head = _dueling_head(weights, self.layers[-1][1].shape[0])
-        _refuse_others(weights, 0, len(self.layers), self.head is not None)
+        # σ of a gSDE actor's noise, (F, d); None for every other net.
+        self.sde_std = _sde_std(weights, self.layers[-1][0], self.head is not None)
+        _refuse_others(weights, 0, len(self.layers), self.head is not None,
+                       self.sde_std is not None)  # fmt: skip
 
     @property
     def num_inputs(self) -> int:
@@ -68,7 +83,7 @@ class NumpyMLP:
 
     @property
     def num_outputs(self) -> int:
-        return _outputs(self.layers, self.head)
+        return _outputs(self.layers, self.head) * (1 if self.sde_std is None else 2)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -79,8 +94,22 @@ class NumpyMLP:
         return math.prod(obs_shape) == self.num_inputs
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
+        if self.sde_std is not None:
+            return self.forward(obs)[0]
         x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
         return _dense_forward(x, self.layers, self.head)
+
+    def forward(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A gSDE actor's outputs and the features z its noise is made of (what the last layer
+        takes, (N, F)); ValueError for any other net."""
+        if self.sde_std is None:
+            raise ValueError("only a gSDE actor (sde.log_std) has noise features")
+        x = np.asarray(obs, dtype=np.float32).reshape(len(obs), -1)
+        z = _hidden_forward(x, self.layers[:-1])
+        w_t, b = self.layers[-1]
+        mean = np.clip(z @ w_t + b, -SDE_MEAN_CLIP, SDE_MEAN_CLIP)
+        log_std = 0.5 * np.log((z * z) @ (self.sde_std * self.sde_std) + SDE_VAR_EPS)
+        return np.concatenate([mean, log_std], axis=1), z
 
 
 # Observations one conv forward takes at once (more are taken in slices of this many).
@@ -200,17 +229,24 @@ def load_policy(blob: bytes) -> NumpyPolicy:
     return numpy_policy(decode_weights(blob))
 
 
+def _hidden_forward(x: np.ndarray, layers: list[Dense]) -> np.ndarray:
+    """`layers` with a ReLU after each."""
+    for w_t, b in layers:
+        x = x @ w_t
+        x += b
+        np.maximum(x, 0.0, out=x)
+    return x
+
+
 def _dense_forward(
     x: np.ndarray, layers: list[Dense], head: tuple[Dense, Dense] | None = None
 ) -> np.ndarray:
-    last = len(layers) - 1
-    for i, (w_t, b) in enumerate(layers):
-        x = x @ w_t
-        x += b
-        if i < last or head is not None:
-            np.maximum(x, 0.0, out=x)
     if head is None:
+        w_t, b = layers[-1]
+        x = _hidden_forward(x, layers[:-1]) @ w_t
+        x += b
         return x
+    x = _hidden_forward(x, layers)
     (wv, bv), (wa, ba) = head
     advantage = x @ wa + ba
     return (x @ wv + bv) + advantage - advantage.mean(axis=1, keepdims=True)
@@ -240,6 +276,22 @@ def _dueling_head(weights: Mapping[str, np.ndarray], features: int) -> tuple[Den
     if head[0][1].shape[0] != 1:
         raise ValueError(f"value.weight: {head[0][0].shape[1]} outputs, a state value is one")
     return head[0], head[1]
+
+
+def _sde_std(
+    weights: Mapping[str, np.ndarray], last_layer: np.ndarray, dueling: bool
+) -> np.ndarray | None:
+    """exp(`sde.log_std`), checked against the last layer (`last_layer`: its weight transposed,
+    (F, d)), or None without it."""
+    if "sde.log_std" not in weights:
+        return None
+    if dueling:
+        raise ValueError("sde.log_std with a dueling head: a gSDE actor outputs means")
+    log_std = _floats(weights, "sde.log_std", 2)
+    if log_std.shape != last_layer.shape:
+        raise ValueError(f"sde.log_std: {log_std.shape} does not fit the last layer's "
+                         f"{last_layer.shape[0]} inputs and {last_layer.shape[1]} means")  # fmt: skip
+    return np.exp(log_std.astype(np.float32))
 
 
 def _count(weights: Mapping[str, np.ndarray], group: str) -> int:
@@ -296,12 +348,18 @@ def _ints(weights: Mapping[str, np.ndarray], name: str, size: int, what: str) ->
 
 
 def _refuse_others(
-    weights: Mapping[str, np.ndarray], convs: int, layers: int, dueling: bool = False
+    weights: Mapping[str, np.ndarray],
+    convs: int,
+    layers: int,
+    dueling: bool = False,
+    sde: bool = False,
 ) -> None:
     """ValueError for the first name that is not part of a net of `convs` convolutions and
     `layers` linear layers (the input's two arrays come with convolutions; `dueling`: the head's
-    four)."""
+    four; `sde`: a gSDE actor's log σ)."""
     names = {f"layers.{i}.{part}" for i in range(layers) for part in ("weight", "bias")}
+    if sde:
+        names.add("sde.log_std")
     if dueling:
         names |= {
             f"{head}.{part}" for head in ("value", "advantage") for part in ("weight", "bias")

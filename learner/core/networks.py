@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from clusterenv.learner.core.agent import State
+from clusterenv.pipeline.policy import SDE_MEAN_CLIP, SDE_VAR_EPS
 
 # The learner's default device: TrainConfig.torch_device() picks cuda where present (--device).
 CPU = torch.device("cpu")
@@ -108,6 +109,26 @@ class MLP(nn.Module):
         """Numpy copies named `layers.{i}.weight|bias` (and `value.*`, `advantage.*`), the names
         NumpyMLP reads."""
         return state_arrays(self)
+
+
+class SDEActor(MLP):
+    """A gSDE actor (pipeline/policy.py's contract, `sde.log_std`): an MLP whose last layer gives
+    the d means, clipped to ±SDE_MEAN_CLIP, and a learned (F, d) log σ; its outputs are the 2d of
+    a squashed Gaussian, means then log-stds, the std of dimension k at a state being
+    sqrt(Σ_j z_j² σ_jk² + SDE_VAR_EPS) with z the last layer's inputs. The log-stds see z detached
+    (SB3's learn_features False): the noise's scale is learned through σ alone."""
+
+    def __init__(self, obs_dim: int, dim: int, hidden: list[int], log_std_init: float):
+        super().__init__(obs_dim, dim, hidden)
+        features = hidden[-1] if hidden else obs_dim
+        self.sde = nn.ParameterDict({"log_std": nn.Parameter(torch.full((features, dim),
+                                                                         log_std_init))})  # fmt: skip
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        means, inputs = self.forward_keeping_inputs(obs)
+        z = inputs[-1].detach()
+        variance = (z * z).mm(torch.exp(2.0 * self.sde["log_std"])) + SDE_VAR_EPS
+        return torch.cat([means.clamp(-SDE_MEAN_CLIP, SDE_MEAN_CLIP), 0.5 * variance.log()], dim=1)
 
 
 # --- conv nets ------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from clusterenv.learner.replay.rate_limiter import replay_limiter
 from clusterenv.learner.replay.uniform import ReplayBuffer
 from clusterenv.learner.sac.config import SACConfig
 from clusterenv.learner.sac.learning import SACLearner
-from clusterenv.pipeline.behaviour import SquashedGaussian
+from clusterenv.pipeline.behaviour import SquashedGaussian, StateDependentNoise
 from clusterenv.pipeline.spaces import BoxActions, SpaceSpecs
 
 
@@ -30,6 +30,6 @@ def build_sac(cfg: TrainConfig[SACConfig], spaces: SpaceSpecs) -> Agent:
         save_replay=cfg.checkpoint.checkpoint_replay, device=cfg.torch_device(),
     )  # fmt: skip
     # Workers sample the actor and send the actions alone: SAC's update draws its own.
-    behaviour = SquashedGaussian(record=False)
+    behaviour = StateDependentNoise() if s.gsde else SquashedGaussian(record=False)
     return Agent(learner, limiter, s.publish_every, lambda steps, actor_envs: behaviour,
                  cfg.weights.max_lag_versions, value_probe=learner.value_model)  # fmt: skip

@@ -25,7 +25,8 @@ class SACConfig:
 
     @staticmethod
     def policy_kind(box_actions: bool) -> type[Behaviour]:
-        """A squashed Gaussian (pipeline/behaviour.py)."""
+        """A squashed Gaussian (pipeline/behaviour.py; with --gsde its StateDependentNoise, whose
+        divergences are the same)."""
         return SquashedGaussian
 
     lr: float = 3e-4
@@ -40,10 +41,18 @@ class SACConfig:
     """hidden layer sizes of the actor and of each critic, comma-separated"""
     init_alpha: float = 1.0
     """the entropy coefficient at the start (tuned from there towards --target-entropy)"""
+    learn_alpha: bool = True
+    """tune the entropy coefficient; with --no-learn-alpha it stays at --init-alpha (SB3's
+    ent_coef given as a number)"""
     target_entropy: Annotated[
         float | None, arg(help_behavior_hint="(default: minus the action's dimensions)")
     ] = None
     """the policy entropy the coefficient is tuned for (the paper's and SB3's default)"""
+    gsde: bool = False
+    """generalized state-dependent exploration (Raffin et al. 2022, SB3's use_sde): each env's
+    noise is a function of the state, held for a chunk of --chunk-steps (pipeline/behaviour.py)"""
+    log_std_init: float = -3.0
+    """with --gsde: the log σ every weight of the noise starts at (SB3's default)"""
     publish_every: int = 32
     """gradient steps between published actor versions"""
     buffer_size: int = 1_000_000

@@ -14,8 +14,9 @@ it (Haarnoja et al. 2018, automatic entropy tuning):
 
 Actions are the env's (replay keeps what the workers sent, within the Box bounds) and the critics
 take them scaled to [-1, 1], the space the actor's tanh acts in. Only the actor is published (the
-weight-name contract of pipeline/policy.py: `layers.{i}.*` with d means, then d log-stds out);
-the critics stay here.
+weight-name contract of pipeline/policy.py: `layers.{i}.*` with d means, then d log-stds out;
+with --gsde the last layer gives the means and `sde.log_std` the state-dependent stds); the
+critics stay here.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from clusterenv.learner.core.agent import State
 from clusterenv.learner.core.networks import (
     CPU,
     MLP,
+    SDEActor,
     hidden_sizes,
     network_arrays,
     optimizer_arrays,
@@ -66,7 +68,8 @@ class SACLearner:
         torch.manual_seed(seed)
         hidden, dim = hidden_sizes(cfg.hidden), actions.dim
         self.device, self.policy = device, SquashedGaussianPolicy(dim)
-        self.actor = MLP(obs_dim, 2 * dim, hidden).to(device)
+        self.actor = (SDEActor(obs_dim, dim, hidden, cfg.log_std_init) if cfg.gsde
+                      else MLP(obs_dim, 2 * dim, hidden)).to(device)  # fmt: skip
         self.critics = nn.ModuleList(MLP(obs_dim + dim, 1, hidden) for _ in range(2)).to(device)
         self.targets = nn.ModuleList(MLP(obs_dim + dim, 1, hidden) for _ in range(2)).to(device)
         self.targets.load_state_dict(self.critics.state_dict())
@@ -118,10 +121,13 @@ class SACLearner:
         obs, next_obs = obs.float().reshape(n, -1), next_obs.float().reshape(n, -1)
         action = (action.reshape(n, -1) - self.center) / self.half
         # 1. α, on draws from the current actor; this update uses the α before the step (SB3).
+        # A gSDE actor's draws are independent per row where SB3 shares one noise matrix over
+        # the minibatch: each row's Gaussian is the same, so are the losses' expectations.
         new_action, logp = self.policy.rsample(self.actor(obs))
         alpha = self.log_alpha.detach().exp()
         alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
-        self._step("alpha", alpha_loss)
+        if self.cfg.learn_alpha:
+            self._step("alpha", alpha_loss)
         # 2. The critics, towards the soft Bellman target of the target critics.
         with torch.no_grad():
             next_action, next_logp = self.policy.rsample(self.actor(next_obs))

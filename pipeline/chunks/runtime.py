@@ -199,10 +199,10 @@ def collect_chunk(
     if policy is None:
         return None
     to_env, prioritize = state.actor.spaces.action.from_index, req.priority_n_step > 0
+    acting = behaviour.acting(policy, req.num_envs, state.rng)
 
     def act(obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        outputs = policy(obs)
-        index, extra = behaviour.act(outputs, state.rng)
+        outputs, index, extra = acting(obs)
         if prioritize:  # the Q-values acting saw, for the rows' initial priorities
             extra = {**extra, **q_columns(outputs, index)}
         return to_env(index), extra

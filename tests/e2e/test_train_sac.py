@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
 
 from clusterenv.learner.run.metrics import read_metrics
+from clusterenv.pipeline.codec import decode_weights
 from tests.e2e.cli_runs import CLI, train_to_end
 
 
@@ -37,3 +39,31 @@ def test_sac_solves_pendulum_end_to_end(tmp_path, sync):
     out = subprocess.run(CLI + ["eval", str(run_dir), "--episodes", "2"], capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0 and "over 2 episodes" in out.stdout, out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gsde_runs_through_the_workers_and_its_actor_plays_back(tmp_path):
+    """MountainCarContinuous-v0's preset (RL-Zoo's: gSDE, α fixed at 0.1) over two workers: the
+    chunks come back acted with each env's state-dependent noise (a worker acting otherwise, or
+    failing to, would leave the budget unspent), the KL probes read the gSDE actor's outputs,
+    and the published actor, with its log σ, plays back under `clusterenv eval`."""
+    run_dir, summary, err = train_to_end(
+        ["train", "--algo", "sac", "--env", "MountainCarContinuous-v0", "--total-steps", "4096",
+         "--eval-every", "2048", "--eval-episodes", "1", "--workers", "2"],
+        tmp_path, 540,
+    )  # fmt: skip
+    assert summary["env_steps"] >= 4096 and summary["updates"] > 0, err[-2000:]
+    assert summary["ingest"]["rejected"] == 0
+    sync_total = summary["sync_total"]
+    assert sync_total["weight_fetches"] >= 2 and sync_total["probe_fetches"] > 0, sync_total
+    assert sync_total.get("probes_rejected", 0) == 0, sync_total
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["agent"]["gsde"] and not config["agent"]["learn_alpha"]
+    final = decode_weights((run_dir / "final.safetensors").read_bytes())
+    assert final["learner.actor.sde.log_std"].shape == (64, 1)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert all(r["learner/alpha"] == pytest.approx(0.1) for r in rows if r["learner/updates"])
+    out = subprocess.run(CLI + ["eval", str(run_dir), "--episodes", "1"], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0 and "over 1 episodes" in out.stdout, out.stderr

@@ -9,6 +9,7 @@ from clusterenv.pipeline.behaviour import (
     EpsilonGreedy,
     EpsilonLadder,
     SquashedGaussian,
+    StateDependentNoise,
 )
 from clusterenv.pipeline.policy import log_softmax
 from clusterenv.pipeline.sync.divergence import behaviour_probs, categorical_kl, kl, tv, value
@@ -23,6 +24,7 @@ BEHAVIOURS_AT = {
     "epsilon_ladder": [EpsilonLadder(0.4, 7.0, 8), EpsilonLadder(0.4, 7.0, 8).for_actor(1, 4)],
     "categorical": [Categorical()],
     "squashed_gaussian": [SquashedGaussian(), SquashedGaussian(record=False)],
+    "gsde": [StateDependentNoise()],
 }
 MEASURES = [(b, name) for kind in BEHAVIOURS for b in BEHAVIOURS_AT[kind] for name in b.DIVERGENCES]
 # A Gaussian policy's outputs: 2 means, then 2 log-stds.
