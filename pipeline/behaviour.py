@@ -26,6 +26,11 @@ from clusterenv.pipeline.policy import (
 from clusterenv.pipeline.sync import divergence
 from clusterenv.pipeline.task_args import TaskArgs, TaskArgsError
 
+# One step of a chunk's acting: the network's outputs, the actions, per-row arrays to keep; and
+# the function of the envs' observations that gives it (Behaviour.acting).
+ActingStep = tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]
+Acting = Callable[[np.ndarray], ActingStep]
+
 # ε is kept to this many decimals: what travels is what the learner holds, and a worker's memo of
 # its last divergence is not missed for float noise in a decaying schedule.
 EPSILON_DECIMALS = 6
@@ -50,7 +55,7 @@ class Behaviour(TaskArgs):
         on the envs' observations, and `act` on them (kinds that keep something over a chunk's
         steps give their own)."""
 
-        def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        def act(obs: np.ndarray) -> ActingStep:
             outputs = policy(obs)
             return (outputs, *self.act(outputs, rng))
 
@@ -264,7 +269,7 @@ class StateDependentNoise(SquashedGaussian):
         forward = policy.forward
         theta = policy.sde_std * rng.standard_normal((num_envs, *policy.sde_std.shape))
 
-        def act(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        def act(obs: np.ndarray) -> ActingStep:
             outputs, z = forward(obs)
             d = outputs.shape[1] // 2
             u = outputs[:, :d] + np.einsum("nf,nfd->nd", z, theta)
@@ -279,8 +284,6 @@ class StateDependentNoise(SquashedGaussian):
         raise TypeError("a gSDE behaviour acts through acting(policy, num_envs, rng)")
 
 
-# One chunk's acting: observations -> (network outputs, actions, per-row arrays to keep).
-Acting = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]]
 # The kinds a ChunkRequest may carry (EnvEpsilons is made on the worker, never sent).
 BEHAVIOURS: dict[str, type[Behaviour]] = {
     b.kind: b
