@@ -140,10 +140,12 @@ def test_a_sigtermed_worker_leaves_at_once_and_hands_back_its_chunk_cut_short(tm
         # Celery's own warm shutdown of an idle prefork worker, the floor of the busy one's exit:
         # 1.65 or 2.6 s here, as the SIGTERM falls in the main loop's 1 s poll (then ~1.5 s to
         # stop the pool), which no bound on the busy worker alone could tell from our part.
-        sent_at = time.time()
-        os.kill(idle.pids[0], signal.SIGTERM)
-        idle_exit_s = wait_gone(idle.pids[0], sent_at) - sent_at
-        idle.stop()
+        try:
+            sent_at = time.time()
+            os.kill(idle.pids[0], signal.SIGTERM)
+            idle_exit_s = wait_gone(idle.pids[0], sent_at) - sent_at
+        finally:
+            idle.stop()  # reaps it, or ends it if it never exited
         args += ["--redis-url", url, "--workers", "0"]
     proc = start_cli(args, mark)
     tree = Tree(proc)
